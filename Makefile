@@ -1,0 +1,35 @@
+# mmnanhook: the two README commands are `make demo` and `make test`.
+SHELL := /bin/bash
+PYTEST_ARGS ?= -ra
+
+.PHONY: setup setup-modern setup-dota test test-modern test-dota lint demo demo-dota
+
+setup: setup-modern setup-dota
+
+setup-modern:
+	scripts/setup_leg.sh modern
+
+setup-dota:
+	scripts/setup_leg.sh dota
+
+lint:
+	scripts/lint.sh
+
+## test: both legs, the whole suite in each (sets them up first).
+test: setup lint
+	scripts/test_leg.sh modern $(PYTEST_ARGS)
+	scripts/test_leg.sh dota $(PYTEST_ARGS)
+
+test-modern: setup-modern
+	scripts/test_leg.sh modern $(PYTEST_ARGS)
+
+test-dota: setup-dota
+	scripts/test_leg.sh dota $(PYTEST_ARGS)
+
+## demo: the main job, on the modern leg (mmdet).
+demo: setup-modern
+	.venv/bin/mmnan demo
+
+## demo-dota: the same on the DOTA leg (mmrotate, rotated RetinaNet).
+demo-dota: setup-dota
+	.venv-dota/bin/mmnan demo --dota

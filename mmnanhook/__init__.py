@@ -1,0 +1,10 @@
+"""mmnanhook: NaN/Inf debugger for MMEngine-based training.
+
+Importing the package registers ``NanDetectHook`` in mmengine's root
+``HOOKS`` and the ``NanDetect*OptimWrapper`` classes in its root
+``OPTIM_WRAPPERS``, so every downstream scope (mmdet, mmrotate) finds them.
+"""
+from .errors import BundleError, NonFiniteError
+from .version import __version__
+
+__all__ = ['BundleError', 'NonFiniteError', '__version__']

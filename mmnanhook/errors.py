@@ -1,0 +1,30 @@
+"""Exceptions raised by mmnanhook."""
+
+
+class NonFiniteError(FloatingPointError):
+    """A loss, gradient or loss scale went non-finite during training.
+
+    Args:
+        message (str): Human-readable description.
+        trigger (str): ``'loss'``, ``'grad'``, ``'exception'`` or
+            ``'amp_scale'``.
+        iter (int, optional): Global training iteration (``runner.iter``).
+        rank (int): Rank that raises.
+        bad_ranks (list[int], optional): Ranks that saw the bad value.
+        bundle (str, optional): Path of the bundle written for it.
+        report (dict, optional): The tier-2 diagnosis, when one ran.
+    """
+
+    def __init__(self, message, trigger, iter=None, rank=0, bad_ranks=None,
+                 bundle=None, report=None):
+        super().__init__(message)
+        self.trigger = trigger
+        self.iter = iter
+        self.rank = rank
+        self.bad_ranks = list(bad_ranks or [])
+        self.bundle = bundle
+        self.report = report
+
+
+class BundleError(Exception):
+    """A bundle is missing, corrupt, partial, foreign or of unknown format."""
