@@ -36,10 +36,10 @@ dota)
     torch_pin=torch==$TORCH_VERSION   # PyPI wheel (CUDA 10.2 build), runs on CPU
     mmengine_pin=mmengine==$MMENGINE_VERSION
     mmcv_version=$MMCV_VERSION
-    # numpy<1.24: torch 1.7.1 was built against the numpy 1.x C API of its time and
-    # e2cnn (an mmrotate 1.0.0rc1 dependency) still uses the np.float/np.int aliases
-    # that numpy 1.24 removed.
-    extra_pins=("mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION" 'numpy<1.24')
+    # numpy pinned (1.23.x): e2cnn, an mmrotate 1.0.0rc1 dependency, still uses the
+    # np.float alias that numpy 1.24 removed.
+    extra_pins=("torchvision==$TORCHVISION_VERSION" "numpy==$NUMPY_VERSION"
+                "mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION")
     ;;
 *) echo "unknown leg $leg (modern|dota)" >&2; exit 2 ;;
 esac
