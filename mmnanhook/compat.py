@@ -4,7 +4,11 @@ mmnanhook supports Python 3.7+ and torch 1.7 through 2.13; code elsewhere
 calls these helpers instead of testing versions itself.
 """
 import inspect
+import pickle
+import types
+import warnings
 
+import numpy as np
 import torch
 
 from mmengine.utils import digit_version
@@ -14,6 +18,27 @@ TORCH_VERSION = digit_version(torch.__version__.split('+')[0])
 # torch.load(weights_only=) exists since 1.13 and defaults to True since 2.6;
 # bundles hold data samples with numpy metainfo, so they need False.
 _LOAD_HAS_WEIGHTS_ONLY = 'weights_only' in inspect.signature(torch.load).parameters
+_LOAD_KWARGS = {'weights_only': False} if _LOAD_HAS_WEIGHTS_ONLY else {}
+
+
+class _Numpy2Unpickler(pickle.Unpickler):
+    """Finds numpy>=2's ``numpy._core`` names in numpy<2's ``numpy.core``."""
+
+    def find_class(self, module, name):
+        if module == 'numpy._core' or module.startswith('numpy._core.'):
+            module = 'numpy.core' + module[len('numpy._core'):]
+        return super(_Numpy2Unpickler, self).find_class(module, name)
+
+
+# A bundle written with numpy>=2 pickles its arrays as numpy._core objects,
+# which numpy<2 (the one torch 1.7 runs with) lacks.
+if digit_version(np.__version__) < digit_version('2.0.0'):
+    _numpy2_pickle = types.ModuleType('mmnanhook_numpy2_pickle')
+    _numpy2_pickle.__dict__.update(
+        (key, value) for key, value in vars(pickle).items()
+        if not key.startswith('__'))
+    _numpy2_pickle.Unpickler = _Numpy2Unpickler
+    _LOAD_KWARGS['pickle_module'] = _numpy2_pickle
 
 
 def torch_load(path, map_location='cpu'):
@@ -24,9 +49,7 @@ def torch_load(path, map_location='cpu'):
         map_location: Passed to :func:`torch.load`; ``'cpu'`` so that a
             bundle written on a GPU loads on a CPU-only machine.
     """
-    if _LOAD_HAS_WEIGHTS_ONLY:
-        return torch.load(path, map_location=map_location, weights_only=False)
-    return torch.load(path, map_location=map_location)
+    return torch.load(path, map_location=map_location, **_LOAD_KWARGS)
 
 
 def set_detect_anomaly(mode, check_nan=True):
@@ -88,6 +111,38 @@ FOREACH_NORM_IN_CLIP = HAS_FOREACH_NORM and (
     'foreach' in inspect.signature(torch.nn.utils.clip_grad_norm_).parameters)
 
 
+def clip_norm_groups(tensors):
+    """Index lists of ``tensors`` in the order ``clip_grad_norm_`` sums them.
+
+    torch >= 2.0 groups gradients by device and dtype (in its own order);
+    older torch keeps them as given.
+
+    Args:
+        tensors (list[torch.Tensor]): Gradients.
+    """
+    if not tensors:
+        return []
+    if not FOREACH_NORM_IN_CLIP:
+        return [list(range(len(tensors)))]
+    from torch.utils._foreach_utils import _group_tensors_by_device_and_dtype
+    grouped = _group_tensors_by_device_and_dtype([list(tensors)],
+                                                 with_indices=True)
+    return [list(indices) for _, indices in grouped.values()]
+
+
+def foreach_norm_supported(tensors, device):
+    """Whether ``clip_grad_norm_`` would use ``_foreach_norm`` for them.
+
+    Args:
+        tensors (list[torch.Tensor]): Gradients of one device and dtype.
+        device (torch.device): Their device.
+    """
+    if not FOREACH_NORM_IN_CLIP:
+        return False
+    from torch.utils._foreach_utils import _has_foreach_support
+    return _has_foreach_support(tensors, device)
+
+
 def clip_vector_norm(tensor, norm_type):
     """The p-norm of one tensor, computed as ``clip_grad_norm_`` does it.
 
@@ -136,3 +191,53 @@ def add_exception_note(exc, text):
         exc.args = (exc.args[0] + '\n' + text, ) + tuple(exc.args[1:])
     else:
         exc.args = tuple(exc.args) + (text, )
+
+
+def autocast(device_type, dtype):
+    """A fresh autocast context for ``device_type`` and ``dtype``, or ``None``.
+
+    ``torch.autocast`` exists since torch 1.10 (CPU: bfloat16, and float16
+    on newer torch); before it only CUDA float16 autocasts
+    (``torch.cuda.amp.autocast``). ``None`` where this torch cannot autocast
+    to ``dtype`` on ``device_type``.
+
+    Args:
+        device_type (str): ``'cuda'`` or ``'cpu'``.
+        dtype (torch.dtype): ``torch.float16`` or ``torch.bfloat16``.
+    """
+    if hasattr(torch, 'autocast'):
+        # An unsupported pair warns and disables itself; that means None.
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            try:
+                ctx = torch.autocast(device_type=device_type, dtype=dtype)
+            except (RuntimeError, ValueError):
+                return None
+        return ctx if getattr(ctx, '_enabled', True) else None
+    if device_type == 'cuda' and dtype == torch.float16 and torch.cuda.is_available():
+        return torch.cuda.amp.autocast()
+    return None
+
+
+def distribution_version(names):
+    """Installed version of the first of ``names`` found, else ``None``.
+
+    Args:
+        names (Sequence[str]): Distribution names, e.g. ``('mmcv', 'mmcv-full')``.
+    """
+    try:
+        from importlib.metadata import (  # novermin - 3.7 falls back
+            PackageNotFoundError, version)
+    except ImportError:  # Python 3.7
+        import pkg_resources
+        PackageNotFoundError = pkg_resources.DistributionNotFound
+
+        def version(name):
+            return pkg_resources.get_distribution(name).version
+
+    for name in names:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            continue
+    return None

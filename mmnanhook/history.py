@@ -1,0 +1,119 @@
+"""Per-iteration training history kept for the bundle, and its plot."""
+import collections
+import math
+
+FIELDS = ('loss', 'grad_norm', 'lr', 'loss_scale')
+
+_TITLES = {
+    'loss': 'loss',
+    'grad_norm': 'gradient norm',
+    'lr': 'learning rate',
+    'loss_scale': 'AMP loss scale',
+}
+
+
+def _as_float(value):
+    return None if value is None else float(value)
+
+
+class History(object):
+    """Ring buffer of the last ``maxlen`` iterations' scalars.
+
+    Args:
+        maxlen (int): How many iterations to keep.
+    """
+
+    def __init__(self, maxlen=200):
+        self._records = collections.deque(maxlen=maxlen)
+
+    @property
+    def maxlen(self):
+        return self._records.maxlen
+
+    def append(self, iter, loss=None, grad_norm=None, lr=None,
+               loss_scale=None):
+        """Record one iteration; any value may be non-finite or ``None``.
+
+        Args:
+            iter (int): Global iteration (``runner.iter``).
+            loss (float, optional): Total loss.
+            grad_norm (float, optional): Total gradient norm.
+            lr (float, optional): Learning rate (of the first param group).
+            loss_scale (float, optional): AMP loss scale.
+        """
+        self._records.append({
+            'iter': int(iter),
+            'loss': _as_float(loss),
+            'grad_norm': _as_float(grad_norm),
+            'lr': _as_float(lr),
+            'loss_scale': _as_float(loss_scale),
+        })
+
+    def records(self):
+        """The kept records, oldest first, as a list of dicts."""
+        return [dict(record) for record in self._records]
+
+    def __len__(self):
+        return len(self._records)
+
+
+def _plot_series(ax, iters, values, title, fail_iter):
+    finite = [v if v is not None and math.isfinite(v) else float('nan')
+              for v in values]
+    ax.plot(iters, finite, color='tab:blue', linewidth=1)
+    # Non-finite values have no y coordinate: mark them along the top edge
+    # (x in data coordinates, y in axes coordinates).
+    bad = [(i, v) for i, v in zip(iters, values)
+           if v is not None and not math.isfinite(v)]
+    if bad:
+        ax.scatter([i for i, _ in bad], [0.95] * len(bad), marker='x',
+                   color='tab:red', transform=ax.get_xaxis_transform(),
+                   label='non-finite ({})'.format(
+                       ', '.join(sorted(set(str(v) for _, v in bad)))),
+                   zorder=3)
+    positive = [v for v in finite if not math.isnan(v)]
+    if positive and min(positive) > 0:
+        ax.set_yscale('log')
+    if fail_iter is not None:
+        ax.axvline(fail_iter, color='tab:red', linestyle='--', linewidth=1,
+                   label='failing iteration {}'.format(fail_iter))
+    ax.set_ylabel(title)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc='upper left', fontsize='small')
+
+
+def plot_history(records, path, fail_iter=None):
+    """Plot loss, gradient norm, learning rate and loss scale into a PNG.
+
+    Series without any recorded value (e.g. the loss scale without AMP) are
+    left out; series whose values are all positive use a log scale.
+
+    Args:
+        records (list[dict]): As returned by :meth:`History.records`.
+        path (str): PNG file to write.
+        fail_iter (int, optional): Iteration marked by a vertical line.
+    """
+    # The object-oriented API with the Agg canvas leaves pyplot and the
+    # process-wide backend untouched; matplotlib loads only when plotting.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    iters = [record['iter'] for record in records]
+    fields = [field for field in FIELDS
+              if any(record.get(field) is not None for record in records)]
+    figure = Figure(figsize=(8, 2.2 * max(len(fields), 1)))
+    FigureCanvasAgg(figure)
+    if not fields:
+        ax = figure.add_subplot(1, 1, 1)
+        ax.text(0.5, 0.5, 'no history recorded', ha='center', va='center',
+                transform=ax.transAxes)
+        ax.set_axis_off()
+    else:
+        axes = figure.subplots(len(fields), 1, sharex=True, squeeze=False)
+        for ax, field in zip(axes[:, 0], fields):
+            _plot_series(ax, iters, [record.get(field) for record in records],
+                         _TITLES[field], fail_iter)
+        axes[-1, 0].set_xlabel('iteration')
+    figure.tight_layout()
+    figure.savefig(path, format='png', dpi=100)
