@@ -1,5 +1,8 @@
 # mmnanhook: the two README commands are `make demo` and `make test`.
 SHELL := /bin/bash
+# One torch thread: on 2 shared cores, two threads stall tiny-detector
+# iterations for seconds (tests, demo, benchmarks alike).
+export OMP_NUM_THREADS ?= 1
 PYTEST_ARGS ?= -ra
 
 .PHONY: setup setup-modern setup-dota test test-modern test-dota lint demo demo-dota

@@ -1,6 +1,11 @@
 import importlib
 
 import pytest
+import torch
+
+# Two torch threads on the 2 shared cores of CI stall tiny-detector iterations
+# for seconds; one thread is ~5x faster and steady.
+torch.set_num_threads(1)
 
 # Why a marked test may be skipped in a leg: said in the report, never silent.
 _SKIP_REASONS = {
