@@ -158,6 +158,10 @@ def clip_vector_norm(tensor, norm_type):
 # Public since torch 2.6: scales gradients by a precomputed total norm.
 clip_grads_with_norm_ = getattr(torch.nn.utils, 'clip_grads_with_norm_', None)
 
+# clip_grad_norm_ multiplies by the clamped coefficient unconditionally since
+# torch 1.10 (pytorch#61042); before, only when the coefficient is < 1.
+CLIP_ALWAYS_MULTIPLIES = TORCH_VERSION >= digit_version('1.10.0')
+
 
 def grad_scaler_scale(scaler):
     """A GradScaler's current scale as a tensor, without a host sync.
@@ -214,7 +218,8 @@ def autocast(device_type, dtype):
             except (RuntimeError, ValueError):
                 return None
         return ctx if getattr(ctx, '_enabled', True) else None
-    if device_type == 'cuda' and dtype == torch.float16 and torch.cuda.is_available():
+    if (device_type == 'cuda' and dtype == torch.float16
+            and torch.cuda.is_available()):
         return torch.cuda.amp.autocast()
     return None
 

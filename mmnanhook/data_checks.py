@@ -1,0 +1,389 @@
+"""Checks of one training batch for the data faults that end in NaN losses.
+
+The most common cause of a NaN loss in mmdet/mmrotate is a degenerate
+ground-truth box: a zero width or height reaches ``log(gw / pw)`` in the
+delta box coders.  These checks look at the raw ``data_batch`` as the
+hook saw it (``{'inputs': [...], 'data_samples': [...]}`` from
+``pseudo_collate``) and describe every problem in words, per sample.
+
+Boxes are recognised by duck typing, so neither mmdet nor mmrotate has to be
+importable: an object with a ``tensor`` attribute is a box structure, named
+by its class (``HorizontalBoxes``, ``RotatedBoxes``, ``QuadriBoxes``); a
+plain ``(N, 4)``, ``(N, 5)`` or ``(N, 8)`` tensor is taken by its width.
+
+This module also splits a batch into sub-batches, which the diagnosis uses
+to find the samples that fail on their own.
+"""
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from .instrument import iter_tensors
+
+# Smallest box side in pixels that is not degenerate.  Only sides this close
+# to zero make ``log(w)`` or ``1 / w`` overflow in float32 box coders; real
+# but tiny objects (a few tenths of a pixel after resizing) are left alone,
+# so the check does not blame innocent samples.
+DEFAULT_MIN_SIZE = 1e-3
+
+# Angle ranges (radians) of mmrotate 1.x ``angle_version``s, as its
+# ``norm_angle`` produces them.
+ANGLE_RANGES = {
+    'oc': (0.0, math.pi / 2),
+    'le90': (-math.pi / 2, math.pi / 2),
+    'le135': (-math.pi / 4, 3 * math.pi / 4),
+}
+
+# Angles exactly on a range bound are legitimate; allow float rounding.
+_ANGLE_TOL = 1e-4
+
+# Enough to identify a bad annotation without flooding the report.
+MAX_PROBLEMS_PER_SAMPLE = 10
+
+_KIND_BY_CLASS = {
+    'HorizontalBoxes': 'hbox',
+    'RotatedBoxes': 'rbox',
+    'QuadriBoxes': 'qbox',
+}
+_KIND_BY_WIDTH = {4: 'hbox', 5: 'rbox', 8: 'qbox'}
+
+
+def angle_range_from_config(cfg):
+    """The rotated-box angle range of a config, from its ``angle_version``.
+
+    The top-level ``angle_version`` (mmrotate configs define one) wins;
+    otherwise the first one found in the model/dataset settings is used.
+
+    Args:
+        cfg (mmengine.Config | dict): The training config.
+
+    Returns:
+        tuple[float, float] | None: ``(low, high)`` in radians, or ``None``
+        when the config names no known angle version.
+    """
+    if hasattr(cfg, 'to_dict'):
+        cfg = cfg.to_dict()
+    version = _find_key(cfg, 'angle_version')
+    return ANGLE_RANGES.get(version) if isinstance(version, str) else None
+
+
+def _find_key(obj, key):
+    """Breadth-first search of nested dicts/lists for ``key``."""
+    queue = [obj]
+    while queue:
+        item = queue.pop(0)
+        if isinstance(item, Mapping):
+            if key in item:
+                return item[key]
+            queue.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            queue.extend(item)
+    return None
+
+
+def _fmt(value):
+    return '{:.6g}'.format(float(value))
+
+
+def _metainfo(sample):
+    meta = getattr(sample, 'metainfo', None)
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def sample_img_path(sample):
+    """The image path in a data sample's metainfo, or ``None``.
+
+    Args:
+        sample: A data sample (e.g. ``DetDataSample``).
+    """
+    meta = _metainfo(sample)
+    path = meta.get('img_path', meta.get('filename'))
+    return None if path is None else str(path)
+
+
+def _image_hw(sample):
+    """(height, width) the boxes refer to: ``img_shape`` after resizing."""
+    meta = _metainfo(sample)
+    shape = meta.get('img_shape', meta.get('ori_shape'))
+    if shape is None or len(shape) < 2:
+        return None
+    return float(shape[0]), float(shape[1])
+
+
+def _as_box_tensor(boxes):
+    """(kind, float tensor N x D) of boxes, or (None, None)."""
+    tensor = getattr(boxes, 'tensor', boxes)
+    if isinstance(tensor, np.ndarray):
+        tensor = torch.from_numpy(tensor)
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
+        return None, None
+    kind = _KIND_BY_CLASS.get(type(boxes).__name__)
+    if kind is None:
+        kind = _KIND_BY_WIDTH.get(int(tensor.shape[-1]))
+    if kind is None:
+        return None, None
+    return kind, tensor.detach().to('cpu', torch.float64)
+
+
+def _rbox_corners(t):
+    """Corners (N, 4, 2) of (cx, cy, w, h, angle) boxes."""
+    cx, cy, w, h, a = t.unbind(-1)
+    cos, sin = torch.cos(a), torch.sin(a)
+    dx = torch.stack([w, -w, -w, w], -1) / 2
+    dy = torch.stack([h, h, -h, -h], -1) / 2
+    xs = cx[:, None] + dx * cos[:, None] - dy * sin[:, None]
+    ys = cy[:, None] + dx * sin[:, None] + dy * cos[:, None]
+    return torch.stack([xs, ys], -1)
+
+
+def _sides(kind, t):
+    """(width, height, label) of each box; label names the pair in messages."""
+    if kind == 'hbox':
+        return t[:, 2] - t[:, 0], t[:, 3] - t[:, 1], ('width', 'height')
+    if kind == 'rbox':
+        return t[:, 2], t[:, 3], ('width', 'height')
+    # Quadrilateral: the longest edge and area / longest edge, i.e. the
+    # thickness; both equal the sides for a rectangle, and the thickness is
+    # zero for collinear points.
+    pts = t.view(-1, 4, 2)
+    nxt = pts.roll(-1, dims=1)
+    edges = (nxt - pts).norm(dim=-1).max(dim=-1)[0]
+    area = 0.5 * (pts[..., 0] * nxt[..., 1] -
+                  nxt[..., 0] * pts[..., 1]).sum(-1).abs()
+    thickness = torch.where(edges > 0, area / edges.clamp(min=1e-30),
+                            torch.zeros_like(area))
+    return edges, thickness, ('length', 'thickness')
+
+
+def _extent(kind, t):
+    """Axis-aligned (x1, y1, x2, y2) extent of each box."""
+    if kind == 'hbox':
+        return t[:, 0], t[:, 1], t[:, 2], t[:, 3]
+    pts = _rbox_corners(t) if kind == 'rbox' else t.view(-1, 4, 2)
+    mins, maxs = pts.min(dim=1)[0], pts.max(dim=1)[0]
+    return mins[:, 0], mins[:, 1], maxs[:, 0], maxs[:, 1]
+
+
+def _side_problem(index, name, value):
+    symbol = name[0]
+    if value == 0:
+        what = 'zero'
+    elif value < 0:
+        what = 'negative'
+    else:
+        what = 'near-zero'
+    return 'gt box {} has {} {} ({}={})'.format(index, what, name, symbol,
+                                                _fmt(value))
+
+
+# Stable phrases of the problem sentences, by category (see problem_category).
+_CATEGORIES = (
+    ('nonfinite_input', 'input has '),
+    ('nonfinite_box', 'non-finite coordinates'),
+    ('degenerate', ('zero ', 'negative ', 'near-zero ')),
+    ('angle', ' rad outside the configured range'),
+    ('outside', 'outside the '),
+)
+
+
+def problem_category(problem):
+    """The category of a problem sentence made by this module.
+
+    Args:
+        problem (str): One entry of a sample's ``problems``.
+
+    Returns:
+        str | None: ``'nonfinite_input'``, ``'nonfinite_box'``,
+        ``'degenerate'``, ``'outside'``, ``'angle'`` or ``None``.
+    """
+    for category, phrases in _CATEGORIES:
+        if isinstance(phrases, str):
+            phrases = (phrases, )
+        if any(phrase in problem for phrase in phrases):
+            return category
+    return None
+
+
+def check_boxes(boxes, image_hw=None, angle_range=None,
+                min_size=DEFAULT_MIN_SIZE):
+    """Describe the problems of a set of ground-truth boxes.
+
+    Args:
+        boxes: ``HorizontalBoxes`` (x1, y1, x2, y2), ``RotatedBoxes``
+            (cx, cy, w, h, angle), ``QuadriBoxes`` (8 polygon coordinates)
+            or a plain tensor/array with 4, 5 or 8 columns.
+        image_hw (tuple[float, float], optional): Height and width of the
+            image the boxes are in; boxes entirely outside it are reported.
+        angle_range (tuple[float, float], optional): Allowed rotated-box
+            angles in radians (see :func:`angle_range_from_config`).
+        min_size (float): Box sides at or below this many pixels are
+            degenerate.
+
+    Returns:
+        list[str]: One sentence per problem, e.g.
+        ``'gt box 3 has zero height (h=0)'``; empty when the boxes are fine
+        or not recognised.
+    """
+    kind, t = _as_box_tensor(boxes)
+    if kind is None or t.shape[0] == 0:
+        return []
+    problems = []
+    finite = torch.isfinite(t).all(dim=1)
+    width, height, names = _sides(kind, t)
+    x1, y1, x2, y2 = _extent(kind, t)
+    for i in range(t.shape[0]):
+        if not bool(finite[i]):
+            coords = ', '.join(_fmt(v) for v in t[i].tolist())
+            problems.append('gt box {} has non-finite coordinates ({})'.format(
+                i, coords))
+            continue
+        for name, value in zip(names, (float(width[i]), float(height[i]))):
+            if value <= min_size:
+                problems.append(_side_problem(i, name, value))
+        if image_hw is not None:
+            img_h, img_w = image_hw
+            if x2[i] <= 0 or y2[i] <= 0 or x1[i] >= img_w or y1[i] >= img_h:
+                problems.append(
+                    'gt box {} lies outside the {}x{} image '
+                    '(x {}..{}, y {}..{})'.format(
+                        i, int(img_w), int(img_h), _fmt(x1[i]), _fmt(x2[i]),
+                        _fmt(y1[i]), _fmt(y2[i])))
+        if kind == 'rbox' and angle_range is not None:
+            angle = float(t[i, 4])
+            low, high = angle_range
+            if not low - _ANGLE_TOL <= angle <= high + _ANGLE_TOL:
+                problems.append(
+                    'gt box {} has angle {} rad outside the configured range '
+                    '[{}, {}]'.format(i, _fmt(angle), _fmt(low), _fmt(high)))
+    return problems
+
+
+def _nonfinite_problem(tensor, what):
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        return None
+    nan = int(torch.isnan(tensor).sum())
+    inf = int(torch.isinf(tensor).sum())
+    if not nan and not inf:
+        return None
+    return '{} has {} NaN and {} Inf values'.format(what, nan, inf)
+
+
+def _per_sample_inputs(inputs, n):
+    """The input tensor(s) of each of the ``n`` samples, as lists."""
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dim() > 0 and inputs.shape[0] == n:
+            return [[inputs[i]] for i in range(n)]
+        return [[inputs]] + [[] for _ in range(n - 1)]
+    if isinstance(inputs, (list, tuple)) and len(inputs) == n:
+        return [list(iter_tensors(x)) for x in inputs]
+    if isinstance(inputs, Mapping):
+        per = [[] for _ in range(n)]
+        for value in inputs.values():
+            for i, tensors in enumerate(_per_sample_inputs(value, n)):
+                per[i].extend(tensors)
+        return per
+    return [[] for _ in range(n)]
+
+
+def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE):
+    """Check every sample of a batch for non-finite inputs and bad GT boxes.
+
+    Args:
+        data_batch (dict): The batch as the dataloader produced it, e.g.
+            ``{'inputs': [uint8 CHW tensors],
+            'data_samples': [DetDataSample]}``.
+        angle_range (tuple[float, float], optional): Allowed rotated-box
+            angles in radians.
+        min_size (float): Box sides at or below this are degenerate.
+
+    Returns:
+        list[dict]: ``{'index', 'img_path', 'problems'}`` for every sample
+        of the batch (``problems`` may be empty); empty when the batch has
+        no recognisable per-sample layout.
+    """
+    n = batch_size(data_batch)
+    if not n or not isinstance(data_batch, Mapping):
+        return []
+    samples = data_batch.get('data_samples')
+    if not isinstance(samples, (list, tuple)) or len(samples) != n:
+        samples = [None] * n
+    inputs = _per_sample_inputs(data_batch.get('inputs'), n)
+    results = []
+    for i, sample in enumerate(samples):
+        problems = []
+        for tensor in inputs[i]:
+            problem = _nonfinite_problem(tensor, 'input')
+            if problem:
+                problems.append(problem)
+        gt = getattr(sample, 'gt_instances', None)
+        boxes = getattr(gt, 'bboxes', None) if gt is not None else None
+        if boxes is not None:
+            problems.extend(
+                check_boxes(boxes, _image_hw(sample), angle_range, min_size))
+        if len(problems) > MAX_PROBLEMS_PER_SAMPLE:
+            extra = len(problems) - MAX_PROBLEMS_PER_SAMPLE
+            problems = problems[:MAX_PROBLEMS_PER_SAMPLE]
+            problems.append('... and {} more'.format(extra))
+        results.append({'index': i, 'img_path': sample_img_path(sample),
+                        'problems': problems})
+    return results
+
+
+def batch_size(data_batch):
+    """Number of samples in a batch, or ``None`` when it cannot be told.
+
+    ``inputs`` decides for mmengine batches (a list with one entry per
+    sample, or a stacked tensor); otherwise the first list or tensor found.
+
+    Args:
+        data_batch: A batch from an mmengine dataloader.
+    """
+    if isinstance(data_batch, Mapping):
+        order = ['inputs'] if 'inputs' in data_batch else []
+        order += [k for k in data_batch if k != 'inputs']
+        for key in order:
+            n = _length(data_batch[key])
+            if n:
+                return n
+        return None
+    return _length(data_batch)
+
+
+def _length(value):
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() > 0 else None
+    if isinstance(value, (list, tuple)):
+        return len(value) or None
+    if isinstance(value, Mapping):
+        return batch_size(value)
+    return None
+
+
+def split_batch(data_batch, indices):
+    """The sub-batch holding only the samples at ``indices``.
+
+    Every list, tuple or tensor whose length is the batch size is indexed;
+    everything else is shared.
+
+    Args:
+        data_batch: A batch from an mmengine dataloader.
+        indices (list[int]): Samples to keep, in order.
+    """
+    n = batch_size(data_batch)
+    index = torch.as_tensor(list(indices), dtype=torch.long)
+
+    def take(value):
+        if (isinstance(value, torch.Tensor) and value.dim() > 0
+                and value.shape[0] == n):
+            return value[index.to(value.device)]
+        if isinstance(value, list) and len(value) == n:
+            return [value[i] for i in indices]
+        if isinstance(value, tuple) and len(value) == n:
+            return tuple(value[i] for i in indices)
+        if isinstance(value, Mapping):
+            return type(value)((k, take(v)) for k, v in value.items())
+        return value
+
+    return take(data_batch)
