@@ -5,6 +5,13 @@ Importing the package registers ``NanDetectHook`` in mmengine's root
 ``OPTIM_WRAPPERS``, so every downstream scope (mmdet, mmrotate) finds them.
 """
 from .errors import BundleError, NonFiniteError
+from .hook import NanDetectHook
+from .optim_wrapper import (NanDetectAmpOptimWrapper, NanDetectOptimWrapper,
+                            install_nan_detect)
 from .version import __version__
 
-__all__ = ['BundleError', 'NonFiniteError', '__version__']
+__all__ = [
+    'BundleError', 'NanDetectAmpOptimWrapper', 'NanDetectHook',
+    'NanDetectOptimWrapper', 'NonFiniteError', '__version__',
+    'install_nan_detect'
+]

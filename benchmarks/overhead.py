@@ -1,0 +1,264 @@
+"""Per-iteration overhead of NanDetectHook on the tiny real detectors (CPU).
+
+Each variant trains its own real Runner on the same tiny config, data and
+seed; the runners run in threads that take turns, one train iteration at a
+time, in a random order drawn afresh every round, so iteration k of every
+variant runs under the same machine conditions. Only one runner computes at a
+time (data loading included), and the timed span is ``before_train_iter`` to
+``after_train_iter`` (every hook of the iteration plus ``train_step``).
+Per set of runners, the median over iterations of ``t_variant / t_plain``
+for the same iteration; reported is its median over ``--repeats`` fresh
+sets, with the range.
+
+Variants: plain MMEngine (twice: the second copy measures the noise floor),
+mmdet's ``CheckInvalidLossHook(interval=1)``, ``NanDetectHook()`` (default)
+and ``NanDetectHook(anomaly='always')``.
+
+Usage::
+
+    python benchmarks/overhead.py --threads 1           # every model available
+    python benchmarks/overhead.py --iters 3 --repeats 1 --warmup 1  # smoke
+"""
+import argparse
+import datetime
+import importlib
+import os
+import os.path as osp
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+# Longest wait for a turn, in seconds: a stuck runner ends the run.
+_TURN_TIMEOUT_S = 600
+
+VARIANTS = [
+    ('plain', []),
+    # Identical to plain: its ratio shows the measurement's own error.
+    ('plain again (noise floor)', []),
+    ('CheckInvalidLossHook(interval=1)',
+     [dict(type='mmdet.CheckInvalidLossHook', interval=1)]),
+    ('NanDetectHook()', [dict(type='NanDetectHook')]),
+    ("NanDetectHook(anomaly='always')",
+     [dict(type='NanDetectHook', anomaly='always')]),
+]
+
+MODELS = [
+    ('retinanet', 'tiny RetinaNet', ('mmdet', )),
+    ('rotated_retinanet', 'tiny rotated RetinaNet', ('mmdet', 'mmrotate')),
+]
+
+
+class _Turns(object):
+    """Lets ``n`` threads run one iteration each per round, in turn."""
+
+    def __init__(self, n):
+        self.n = n
+        self.round = 0
+        self.pos = 0
+        self.holder = None
+        self.failed = False
+        self.orders = {}
+        self.cond = threading.Condition()
+        self.ready = threading.Barrier(n, timeout=_TURN_TIMEOUT_S)
+
+    def _order(self):
+        # A fresh random order every round: no variant always runs first, or
+        # right after the same other one.
+        if self.round not in self.orders:
+            order = list(range(self.n))
+            random.Random(self.round).shuffle(order)
+            self.orders = {self.round: order}
+        return self.orders[self.round]
+
+    def acquire(self, index):
+        with self.cond:
+            if self.holder == index:
+                self._advance()
+            ok = self.cond.wait_for(
+                lambda: self.failed or self._order()[self.pos] == index,
+                timeout=_TURN_TIMEOUT_S)
+            if self.failed or not ok:
+                raise RuntimeError('another benchmark runner failed')
+            self.holder = index
+
+    def release(self, index):
+        with self.cond:
+            if self.holder == index:
+                self._advance()
+
+    def fail(self):
+        with self.cond:
+            self.failed = True
+            self.cond.notify_all()
+        self.ready.abort()
+
+    def _advance(self):
+        self.holder = None
+        self.pos += 1
+        if self.pos == self.n:
+            self.pos = 0
+            self.round += 1
+        self.cond.notify_all()
+
+
+def _timing_hooks(turns, index, times):
+    from mmengine.hooks import Hook
+
+    class Start(Hook):
+        priority = 'HIGHEST'
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            if runner.iter == 0:
+                # Every runner has finished building before any is timed.
+                turns.ready.wait()
+            turns.acquire(index)
+            self.t0 = time.perf_counter()
+
+    start = Start()
+
+    class End(Hook):
+        # The turn is kept until the next iteration starts, so loading the
+        # next batch does not overlap another runner's timed iteration.
+        priority = 'LOWEST'
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None,
+                             outputs=None):
+            times.append(time.perf_counter() - start.t0)
+
+        def after_train(self, runner):
+            turns.release(index)
+
+    return [start, End()]
+
+
+def _run_model(name, iters, warmup, work_root, repeat):
+    from mmengine.runner import Runner
+
+    from mmnanhook import testbed
+    data = testbed.make_dataset(name, osp.join(work_root, name, 'data'),
+                                num_images=16)
+    turns = _Turns(len(VARIANTS))
+    times = [[] for _ in VARIANTS]
+    runners = []
+    # Built in a different order each repeat: where a runner's memory lands
+    # shifts its speed by a percent or two, whatever variant it runs.
+    build_order = list(range(len(VARIANTS)))
+    random.Random(repeat).shuffle(build_order)
+    for index in build_order:
+        # At the configs' lr the tiny detectors diverge after a few dozen
+        # iterations; an iteration costs the same at any lr.
+        cfg = testbed.tiny_config(
+            name, data, osp.join(work_root, name, str(repeat), str(index)),
+            max_iters=warmup + iters, log_level='WARNING',
+            **{'optim_wrapper.optimizer.lr': 1e-4,
+               'train_dataloader.sampler.type': 'InfiniteSampler'})
+        cfg.default_hooks.logger = dict(type='LoggerHook', interval=50)
+        cfg.custom_hooks = list(VARIANTS[index][1])
+        runner = Runner.from_cfg(cfg)
+        for hook in _timing_hooks(turns, index, times[index]):
+            runner.register_hook(hook)
+        runners.append(runner)
+    errors = []
+
+    def train(runner):
+        try:
+            runner.train()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            turns.fail()
+
+    threads = [threading.Thread(target=train, args=(r, )) for r in runners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [t[warmup:] for t in times]
+
+
+def _available(modules):
+    try:
+        for module in modules:
+            importlib.import_module(module)
+        importlib.import_module('mmcv.ops')
+        return True
+    except Exception:  # noqa: BLE001 - not installed in this environment
+        return False
+
+
+def _machine():
+    import torch
+    return '%s, %s, %d CPUs, Python %s, torch %s (%d threads)' % (
+        platform.node() or 'unknown host', platform.processor()
+        or platform.machine(), os.cpu_count() or 0,
+        platform.python_version(), torch.__version__,
+        torch.get_num_threads())
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--iters', type=int, default=100,
+                        help='timed iterations per variant (default 100)')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='fresh sets of runners (default 3)')
+    parser.add_argument('--warmup', type=int, default=5,
+                        help='untimed first iterations (default 5)')
+    parser.add_argument('--models', nargs='+',
+                        choices=[m[0] for m in MODELS],
+                        help='default: every model whose packages import')
+    parser.add_argument('--threads', type=int,
+                        help='torch intra-op threads (default: torch\'s '
+                        'choice); 1 gives the steadiest timings')
+    parser.add_argument('--work-dir', help='default: a temporary directory')
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
+        parser.error('--iters and --repeats must be >= 1, --warmup >= 0')
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)
+
+    import mmnanhook  # noqa: F401 - registers NanDetectHook
+    models = [m for m in MODELS
+              if (args.models is None or m[0] in args.models)
+              and _available(m[2])]
+    if not models:
+        print('none of the requested models can run here (mmdet / mmrotate '
+              'with compiled mmcv ops are needed)', file=sys.stderr)
+        return 1
+    work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_bench_')
+    print('# mmnanhook overhead, %s' %
+          datetime.date.today().isoformat())
+    print('# machine: %s' % _machine())
+    print('# %d repeats (fresh runners) x %d timed iterations per variant '
+          'after %d warm-up, paired per iteration.' %
+          (args.repeats, args.iters, args.warmup))
+    print('# ratio: median over repeats of the median over iterations of '
+          't_variant / t_plain [min, max over repeats]\n')
+    print('| model | variant | median s/iter | ratio to plain |')
+    print('| --- | --- | --- | --- |')
+    for name, title, _ in models:
+        runs = [
+            _run_model(name, args.iters, args.warmup, work_root, repeat)
+            for repeat in range(args.repeats)
+        ]
+        for index, (label, _) in enumerate(VARIANTS):
+            ratios = [
+                statistics.median(a / b for a, b in zip(run[index], run[0]))
+                for run in runs
+            ]
+            ratio = '1 (reference)' if index == 0 else \
+                '%.3fx [%.3f, %.3f]' % (statistics.median(ratios),
+                                        min(ratios), max(ratios))
+            seconds = statistics.median(t for run in runs for t in run[index])
+            print('| %s | %s | %.4f | %s |' % (title, label, seconds, ratio))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

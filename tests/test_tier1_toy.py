@@ -1,0 +1,660 @@
+"""Tier 1 on a real MMEngine Runner with a toy model (mmengine only).
+
+The toy model and the runner factory here are reused by the AMP and DDP
+tests. Faults are planted per sample: with ``DefaultSampler(shuffle=False)``
+and batch size 2, sample ``2k`` / ``2k + 1`` is in iteration ``k``.
+"""
+import copy
+import glob
+import math
+import os.path as osp
+import uuid
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.optim import OptimWrapper, OptimWrapperDict
+from mmengine.runner import Runner
+from torch.utils.data import Dataset
+
+from mmnanhook import (NanDetectHook, NanDetectOptimWrapper, NonFiniteError,
+                       install_nan_detect)
+
+BATCH = 2
+
+
+class _NanGrad(torch.autograd.Function):
+    """Identity whose gradient is NaN: a NaN born in backward only."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float('nan')
+
+
+class ToyDataset(Dataset):
+    """``n`` random 4-vectors; ``faults`` maps a sample index to a fault."""
+
+    metainfo = dict(name='toy')
+
+    def __init__(self, n=16, faults=None):
+        g = torch.Generator().manual_seed(0)
+        faults = faults or {}
+        self.items = [
+            dict(inputs=torch.randn(4, generator=g), fault=faults.get(i, ''))
+            for i in range(n)
+        ]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+class ToyModel(BaseModel):
+    """Two linear layers and two loss terms; faults come with the data.
+
+    Faults: ``nan_term`` (loss_aux NaN), ``inf_target`` (loss_aux inf with
+    finite gradients), ``nan_grad`` (NaN gradient of ``head.bias`` only),
+    ``huge_grad`` (finite gradients whose float32 norm overflows),
+    ``inplace`` (an in-place write that breaks backward), ``overflow`` /
+    ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
+    into NaN: once at scale 2**16, or down to scale 2).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 1)
+        self.amp_w = nn.Parameter(torch.ones(2))
+        self.anomaly_seen = []
+
+    def forward(self, inputs, fault=None, mode='tensor'):
+        self.anomaly_seen.append((mode, torch.is_anomaly_enabled()))
+        faults = set(f for f in (fault or []) if f)
+        x = torch.stack(inputs)
+        h = self.fc(x)
+        if 'inplace' in faults:
+            h = h.sigmoid()
+            out = h * 2
+            h.add_(1)  # modifies what sigmoid's backward needs
+            h = out
+        bias = self.head.bias
+        if 'nan_grad' in faults:
+            bias = _NanGrad.apply(bias)
+        y = nn.functional.linear(h, self.head.weight, bias)
+        if mode != 'loss':
+            return y
+        target = 1.0
+        if 'inf_target' in faults:
+            target = float('inf')
+        loss_aux = (y - target).abs().mean()
+        if 'nan_term' in faults:
+            loss_aux = loss_aux * float('nan')
+        loss_main = y.pow(2).mean()
+        if 'huge_grad' in faults:
+            loss_main = loss_main * 1e30
+        # Zero in value; 2**16 * 1e34 overflows float32 in backward and
+        # inf * 0 turns into NaN in the MulBackward of amp_w * 0.
+        big = 0.0
+        if 'overflow' in faults:
+            big = 1e34
+        if 'overflow_hard' in faults:
+            big = 1e38
+        loss_main = loss_main + (self.amp_w * torch.zeros(2) * big).sum()
+        return dict(loss_main=loss_main, loss_aux=loss_aux,
+                    acc=torch.tensor(float('nan')))
+
+
+class Probe(Hook):
+    """Snapshots parameters and optimizer state around each train iteration.
+    """
+
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self.before = {}
+        self.after = {}
+        self.wrapper_types = []
+
+    def _snapshot(self, runner):
+        params = {n: p.detach().clone()
+                  for n, p in runner.model.named_parameters()}
+        return params, copy.deepcopy(runner.optim_wrapper.state_dict())
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.before[runner.iter] = self._snapshot(runner)
+        ow = runner.optim_wrapper
+        members = ow.values() if isinstance(ow, OptimWrapperDict) else [ow]
+        self.wrapper_types.append(
+            (type(ow).__name__, sorted(type(m).__name__ for m in members)))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        self.after[runner.iter] = self._snapshot(runner)
+
+
+def make_runner(tmp_path, faults=None, hook=None, optim_wrapper=None,
+                max_iters=4, n=16, model=None, probe=None, val=False,
+                **kwargs):
+    """A Runner training the toy model for ``max_iters`` iterations.
+
+    Args:
+        hook (dict | Hook | None): Put in ``custom_hooks`` (with ``probe``).
+        optim_wrapper (dict | callable, optional): Config, or a function of
+            the model returning a built wrapper.
+        val (bool): Add a val loop after every 2 iterations.
+    """
+    model = model if model is not None else ToyModel()
+    if callable(optim_wrapper):
+        optim_wrapper = optim_wrapper(model)
+    elif optim_wrapper is None:
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1,
+                                            momentum=0.9))
+    custom_hooks = [h for h in (hook, probe) if h is not None]
+    loader = dict(dataset=ToyDataset(n, faults),
+                  sampler=dict(type='DefaultSampler', shuffle=False),
+                  batch_size=BATCH, num_workers=0,
+                  collate_fn=dict(type='pseudo_collate'))
+    if val:
+        kwargs.update(
+            val_dataloader=dict(loader, dataset=ToyDataset(4)),
+            val_cfg=dict(), val_evaluator=[ToyMetric()])
+    return Runner(
+        model=model, work_dir=str(tmp_path),
+        experiment_name='toy_' + uuid.uuid4().hex,
+        train_dataloader=loader,
+        train_cfg=dict(by_epoch=False, max_iters=max_iters,
+                       val_interval=2),
+        optim_wrapper=optim_wrapper, custom_hooks=custom_hooks,
+        default_hooks=dict(checkpoint=None), log_level='WARNING',
+        default_scope='mmengine', randomness=dict(seed=0), **kwargs)
+
+
+from mmengine.evaluator import BaseMetric  # noqa: E402
+
+
+class ToyMetric(BaseMetric):
+
+    def process(self, data_batch, data_samples):
+        self.results.append(0.0)
+
+    def compute_metrics(self, results):
+        return dict(zero=0.0)
+
+
+def _params(runner):
+    return {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def _assert_state_same(a, b):
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_state_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_state_same(x, y)
+    else:
+        assert a == b
+
+
+def _log_text(runner):
+    paths = glob.glob(osp.join(runner.log_dir, '*.log'))
+    return ''.join(open(p).read() for p in paths)
+
+
+def _train_raises(runner):
+    with pytest.raises(NonFiniteError) as info:
+        runner.train()
+    return info.value
+
+
+# -- what triggers, and what the error says --------------------------------
+
+
+def test_nan_loss_term_is_named_and_step_not_applied(tmp_path):
+    probe = Probe()
+    runner = make_runner(tmp_path, faults={3: 'nan_term'},
+                         hook=dict(type='NanDetectHook'), probe=probe)
+    err = _train_raises(runner)
+    assert isinstance(err, FloatingPointError)
+    assert (err.trigger, err.iter, err.rank) == ('loss', 1, 0)
+    text = str(err)
+    assert 'loss_aux=nan' in text and 'iter 1' in text and 'rank 0' in text
+    assert 'loss_main=' in text and 'acc' not in text
+    # The poisoned step never reached the parameters.
+    _assert_same(_params(runner), probe.before[1][0])
+    assert all(torch.isfinite(p).all() for p in _params(runner).values())
+
+
+def test_inf_loss_with_finite_gradients_triggers(tmp_path):
+    runner = make_runner(tmp_path, faults={2: 'inf_target'},
+                         hook=dict(type='NanDetectHook'))
+    err = _train_raises(runner)
+    assert (err.trigger, err.iter) == ('loss', 1)
+    assert 'loss_aux=inf' in str(err)
+    # The gradients were finite: only the loss check could catch it.
+    norm = runner.message_hub.get_scalar('train/grad_norm').current()
+    assert math.isfinite(norm)
+
+
+def test_nan_gradient_of_one_parameter_is_named(tmp_path):
+    runner = make_runner(tmp_path, faults={4: 'nan_grad'},
+                         hook=dict(type='NanDetectHook'))
+    err = _train_raises(runner)
+    assert (err.trigger, err.iter) == ('grad', 2)
+    text = str(err)
+    assert '1 of 5 parameters' in text and 'head.bias' in text
+    assert 'fc.weight' not in text and 'non-finite loss' not in text
+
+
+@pytest.mark.parametrize('clip', [True, False])
+def test_huge_finite_gradients_overflowing_the_norm(tmp_path, clip):
+    optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1))
+    if clip:
+        optim_wrapper['clip_grad'] = dict(max_norm=1.0)
+    runner = make_runner(tmp_path, faults={2: 'huge_grad'},
+                         hook=dict(type='NanDetectHook'),
+                         optim_wrapper=optim_wrapper)
+    err = _train_raises(runner)
+    assert (err.trigger, err.iter) == ('grad', 1)
+    assert 'every gradient is finite' in str(err)
+    assert 'non-finite gradients' not in str(err)
+
+
+# -- the norm: computed once, logged always, reused for clipping ------------
+
+
+class _CountClipCalls(Hook):
+    """Counts calls of the wrapper's own (norm-computing) clip function."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def before_train(self, runner):
+        clip_func = runner.optim_wrapper.clip_func
+
+        def counting_clip(*args, **kwargs):
+            self.calls += 1
+            return clip_func(*args, **kwargs)
+
+        runner.optim_wrapper.clip_func = counting_clip
+
+
+@pytest.mark.parametrize('norm_type', [2.0, 1.0, float('inf')])
+def test_clipping_reuses_the_norm_and_matches_mmengine(tmp_path, norm_type):
+    optim_wrapper = dict(
+        optimizer=dict(type='SGD', lr=0.1, momentum=0.9),
+        clip_grad=dict(max_norm=0.05, norm_type=norm_type))
+    counter = _CountClipCalls()
+    ref = make_runner(tmp_path / 'ref', probe=counter,
+                      optim_wrapper=copy.deepcopy(optim_wrapper))
+    ref.train()
+    assert counter.calls == 4
+    counter = _CountClipCalls()
+    runner = make_runner(tmp_path / 'nan', optim_wrapper=optim_wrapper,
+                         hook=dict(type='NanDetectHook'), probe=counter)
+    runner.train()
+    assert counter.calls == 0
+    _assert_same(_params(runner), _params(ref))
+    ours = runner.message_hub.get_scalar('train/grad_norm').data[0]
+    theirs = ref.message_hub.get_scalar('train/grad_norm').data[0]
+    assert list(ours) == list(theirs)
+    # Clipping was active, so the comparison means something.
+    assert min(theirs) > 0.05
+
+
+def test_grad_norm_and_skip_count_logged_without_clip(tmp_path):
+    runner = make_runner(tmp_path, hook=dict(type='NanDetectHook'),
+                         max_iters=3)
+    runner.train()
+    norms = runner.message_hub.get_scalar('train/grad_norm').data[0]
+    assert len(norms) == 3 and all(v > 0 and math.isfinite(v) for v in norms)
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 0
+
+
+# -- policies ---------------------------------------------------------------
+
+
+def test_skip_leaves_parameters_and_optimizer_state_bitwise(tmp_path):
+    probe = Probe()
+    runner = make_runner(
+        tmp_path, faults={2: 'nan_term'}, probe=probe,
+        hook=dict(type='NanDetectHook', policy='skip'),
+        optim_wrapper=dict(optimizer=dict(type='Adam', lr=0.01)))
+    runner.train()
+    params_before, state_before = probe.before[1]
+    params_after, state_after = probe.after[1]
+    _assert_same(params_after, params_before)
+    _assert_state_same(state_after['state'], state_before['state'])
+    # Training went on around the skipped step.
+    assert not torch.equal(probe.after[2][0]['fc.weight'],
+                           probe.before[2][0]['fc.weight'])
+    assert runner.iter == 4
+    skipped = runner.message_hub.get_scalar('train/nan_skipped')
+    assert skipped.current() == 1
+    assert 'Non-finite loss' in _log_text(runner)
+
+
+def test_skip_zeroes_gradients_when_step_is_called_directly():
+    model = ToyModel()
+    ow = NanDetectOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                               policy='skip')
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    losses = model([torch.ones(4)], fault=['nan_term'], mode='loss')
+    ow.backward(losses['loss_main'] + losses['loss_aux'])
+    ow.step()
+    _assert_same({n: p.detach() for n, p in model.named_parameters()},
+                 before)
+    assert all(p.grad is None or float(p.grad.abs().sum()) == 0
+               for p in model.parameters())
+
+
+def test_max_skips_raises_after_consecutive_skips(tmp_path):
+    hook = dict(type='NanDetectHook', policy='skip', max_skips=2)
+    faults = {2: 'nan_term', 4: 'nan_term', 6: 'nan_term'}
+    err = _train_raises(make_runner(tmp_path / 'a', faults=faults,
+                                    hook=hook))
+    assert (err.trigger, err.iter) == ('loss', 3)
+    assert 'max_skips=2' in str(err)
+    # Skips that are not consecutive never add up.
+    runner = make_runner(tmp_path / 'b', faults={2: 'nan_term',
+                                                 6: 'nan_term'},
+                         hook=dict(hook, max_skips=1), max_iters=5)
+    runner.train()
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 2
+
+
+def test_warn_steps_as_mmengine_would(tmp_path):
+    faults = {2: 'inf_target'}
+    ref = make_runner(tmp_path / 'ref', faults=faults)
+    ref.train()
+    runner = make_runner(tmp_path / 'warn', faults=faults,
+                         hook=dict(type='NanDetectHook', policy='warn'))
+    runner.train()
+    _assert_same(_params(runner), _params(ref))
+    assert 'Non-finite loss' in _log_text(runner)
+
+
+# -- gradient accumulation --------------------------------------------------
+
+
+def test_accumulation_checks_every_micro_step_decides_at_update(tmp_path):
+    probe = Probe()
+    # Iterations 2 and 3 form one update; the bad loss is in iteration 2 and
+    # its gradients are finite, so only the micro-step loss check sees it.
+    runner = make_runner(
+        tmp_path, faults={4: 'inf_target'}, probe=probe,
+        hook=dict(type='NanDetectHook'),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1),
+                           accumulative_counts=2))
+    err = _train_raises(runner)
+    assert (err.trigger, err.iter) == ('loss', 3)
+    assert 'micro-step of iter 2' in str(err)
+    _assert_same(_params(runner), probe.before[2][0])
+
+
+def test_accumulation_skip_drops_the_whole_window(tmp_path):
+    probe = Probe()
+    runner = make_runner(
+        tmp_path, faults={4: 'nan_term'}, probe=probe,
+        hook=dict(type='NanDetectHook', policy='skip'),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9),
+                           accumulative_counts=2), max_iters=6)
+    runner.train()
+    _assert_same(probe.after[3][0], probe.before[2][0])
+    assert not torch.equal(probe.after[5][0]['fc.weight'],
+                           probe.before[4][0]['fc.weight'])
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
+
+
+# -- anomaly mode -----------------------------------------------------------
+
+
+@pytest.mark.parametrize('anomaly,user,expected', [
+    ('always', False, [True] * 4),
+    ('never', True, [False] * 4),
+    ('on_trigger', True, [False] * 4),
+    (2, False, [True, True, False, False]),
+])
+def test_anomaly_mode_only_around_train_iterations(tmp_path, anomaly, user,
+                                                   expected):
+    state = torch.is_anomaly_enabled()
+    torch.autograd.set_detect_anomaly(user)
+    try:
+        runner = make_runner(tmp_path, val=True,
+                             hook=dict(type='NanDetectHook', anomaly=anomaly))
+        runner.train()
+        assert torch.is_anomaly_enabled() == user
+    finally:
+        torch.autograd.set_detect_anomaly(state)
+    seen = runner.model.anomaly_seen
+    assert [on for mode, on in seen if mode == 'loss'] == expected
+    val = [on for mode, on in seen if mode != 'loss']
+    assert val and all(on == user for on in val)
+
+
+def test_anomaly_restored_and_patches_removed_after_exception(tmp_path):
+    assert not torch.is_anomaly_enabled()
+    runner = make_runner(tmp_path, faults={2: 'nan_term'},
+                         hook=dict(type='NanDetectHook', anomaly='always'))
+    with pytest.raises(Exception):
+        runner.train()
+    assert not torch.is_anomaly_enabled()
+    assert 'train_step' not in vars(runner.model)
+    assert 'parse_losses' not in vars(runner.model)
+    assert type(runner.optim_wrapper) is OptimWrapper
+    assert not [k for k in vars(runner.optim_wrapper) if k.startswith('_nan')]
+
+
+def _shown(exc):
+    return str(exc) + '\n'.join(getattr(exc, '__notes__', []))
+
+
+def test_inplace_error_keeps_type_and_gains_forward_traceback(tmp_path):
+    runner = make_runner(tmp_path, faults={2: 'inplace'},
+                         hook=dict(type='NanDetectHook', anomaly='always'))
+    with pytest.raises(RuntimeError) as info:
+        runner.train()
+    exc = info.value
+    assert type(exc) is RuntimeError
+    assert 'modified by an inplace operation' in _shown(exc)
+    assert 'h = h.sigmoid()' in _shown(exc)
+    assert 'test_tier1_toy.py' in _shown(exc)
+    assert 'h = h.sigmoid()' in _log_text(runner)
+    assert not torch.is_anomaly_enabled()
+
+
+def test_inplace_error_without_anomaly_propagates_unchanged(tmp_path):
+    runner = make_runner(tmp_path, faults={2: 'inplace'},
+                         hook=dict(type='NanDetectHook'))
+    with pytest.raises(RuntimeError) as info:
+        runner.train()
+    assert type(info.value) is RuntimeError
+    assert 'h = h.sigmoid()' not in _shown(info.value)
+    assert 'raised in backward at iter 1' in _log_text(runner)
+
+
+# -- the listener (the hook) and what it adds --------------------------------
+
+
+class _AnsweringHook(NanDetectHook):
+    """Answers like the tier-2 hook will: a bundle path and a summary."""
+
+    def on_nonfinite(self, event):
+        self.events = getattr(self, 'events', []) + [event]
+        return dict(bundle='/dumps/iter_1', summary='diagnosis: data')
+
+
+class _FailingHook(NanDetectHook):
+
+    def on_nonfinite(self, event):
+        raise OSError('disk full')
+
+
+def test_listener_gets_the_event_first_and_its_answer_is_reported(tmp_path):
+    hook = _AnsweringHook()
+    runner = make_runner(tmp_path, faults={2: 'nan_term'}, hook=hook)
+    err = _train_raises(runner)
+    assert err.bundle == '/dumps/iter_1'
+    assert 'diagnosis: data' in str(err) and '/dumps/iter_1' in str(err)
+    (event, ) = hook.events
+    assert (event.trigger, event.iter, event.epoch) == ('loss', 1, 0)
+    assert event.nonfinite_losses == ['loss_aux']
+    assert math.isnan(event.losses['loss_aux'])
+    assert event.bad_ranks == [0] and event.world_size == 1
+
+
+def test_a_failing_listener_does_not_stop_the_policy(tmp_path):
+    runner = make_runner(tmp_path, faults={2: 'nan_term'},
+                         hook=_FailingHook(policy='skip'))
+    runner.train()
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
+    assert 'disk full' in _log_text(runner)
+
+
+# -- options ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize('option,value', [
+    ('anomaly', 'sometimes'), ('anomaly', -1), ('anomaly', True),
+    ('policy', 'ignore'), ('max_skips', -1), ('max_skips', 1.5),
+    ('min_loss_scale', -1.0), ('min_loss_scale', float('nan')),
+    ('min_loss_scale', 'low'), ('max_overflow_skips', -2),
+    ('dump_dir', 3), ('max_dumps', -1), ('max_dumps', True),
+    ('replay', 'yes'), ('history', -5), ('dump_optimizer', 1),
+])
+def test_bad_option_names_itself(option, value):
+    with pytest.raises(ValueError, match=option):
+        NanDetectHook(**{option: value})
+
+
+def test_good_options_accepted():
+    hook = NanDetectHook(anomaly=5, policy='skip', max_skips=0,
+                         min_loss_scale=None, max_overflow_skips=None,
+                         dump_dir='/tmp/x', max_dumps=0, replay=False,
+                         history=0, dump_optimizer=False)
+    assert hook.options['policy'] == 'skip' and hook.anomaly == 5
+
+
+def test_bad_wrapper_option_names_itself():
+    model = ToyModel()
+    with pytest.raises(ValueError, match='policy'):
+        NanDetectOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                              policy='explode')
+
+
+# -- how it is configured and installed --------------------------------------
+
+
+def test_configured_wrapper_detects_without_the_hook(tmp_path):
+    runner = make_runner(
+        tmp_path, faults={2: 'nan_term'},
+        optim_wrapper=dict(type='NanDetectOptimWrapper',
+                           optimizer=dict(type='SGD', lr=0.1)))
+    err = _train_raises(runner)
+    assert (err.trigger, err.iter) == ('loss', 1)
+    assert 'loss=nan' in str(err)
+
+
+def test_dotted_type_works_without_custom_imports(tmp_path):
+    runner = make_runner(tmp_path, faults={2: 'nan_term'},
+                         hook=dict(type='mmnanhook.NanDetectHook'))
+    assert _train_raises(runner).trigger == 'loss'
+
+
+def test_hook_installs_into_a_configured_wrapper_and_restores_it(tmp_path):
+    runner = make_runner(
+        tmp_path, hook=dict(type='NanDetectHook', policy='warn'),
+        optim_wrapper=dict(type='NanDetectOptimWrapper', policy='skip',
+                           optimizer=dict(type='SGD', lr=0.1)), max_iters=1)
+    runner.train()
+    ow = runner.optim_wrapper
+    assert type(ow) is NanDetectOptimWrapper
+    assert ow._nan_options['policy'] == 'skip' and ow._nan_listener is None
+
+
+class _TwoOptimizerModel(ToyModel):
+    """Updates ``fc`` and ``head`` with their own wrappers (GAN-style)."""
+
+    def train_step(self, data, optim_wrapper):
+        data = self.data_preprocessor(data, True)
+        losses = self(**data, mode='loss')
+        parsed, log_vars = self.parse_losses(losses)
+        optim_wrapper['head'].update_params(parsed)
+        losses = self(**data, mode='loss')
+        optim_wrapper['fc'].update_params(losses['loss_aux'])
+        return log_vars
+
+
+def test_optim_wrapper_dict_members_are_checked(tmp_path):
+    probe = Probe()
+
+    def wrappers(model):
+        return dict(
+            fc=OptimWrapper(torch.optim.SGD(model.fc.parameters(), lr=0.1)),
+            head=OptimWrapper(torch.optim.SGD(
+                list(model.head.parameters()) + [model.amp_w], lr=0.1)))
+
+    runner = make_runner(tmp_path, model=_TwoOptimizerModel(),
+                         optim_wrapper=wrappers, faults={2: 'inf_target'},
+                         hook=dict(type='NanDetectHook'), probe=probe)
+    err = _train_raises(runner)
+    assert (err.trigger, err.iter) == ('loss', 1)
+    assert 'loss_aux=inf' in str(err)
+    assert probe.wrapper_types == [
+        ('OptimWrapperDict', ['NanDetectOptimWrapper'] * 2)] * 2
+    for member in runner.optim_wrapper.values():
+        assert type(member) is OptimWrapper
+
+
+def test_install_and_remove_restore_the_class():
+    model = ToyModel()
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    handle = install_nan_detect(ow, policy='skip')
+    assert type(ow).__name__ == 'NanDetectOptimWrapper'
+    assert ow._nan_options['policy'] == 'skip'
+    handle.remove()
+    assert type(ow) is OptimWrapper
+    assert not [k for k in vars(ow) if k.startswith('_nan')]
+
+
+def test_subclass_is_reclassed_keeping_its_behaviour():
+
+    class Custom(OptimWrapper):
+
+        def custom(self):
+            return 'still here'
+
+    model = ToyModel()
+    ow = Custom(torch.optim.SGD(model.parameters(), lr=0.1))
+    handle = install_nan_detect(ow)
+    assert type(ow).__name__ == 'NanDetectCustom'
+    assert isinstance(ow, Custom) and ow.custom() == 'still here'
+    handle.remove()
+    assert type(ow) is Custom
+
+
+def test_unsupported_wrapper_gets_a_clear_error():
+    from mmengine._strategy.deepspeed import DeepSpeedOptimWrapper
+    model = ToyModel()
+    ow = DeepSpeedOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(RuntimeError, match='DeepSpeedOptimWrapper'):
+        install_nan_detect(ow)
+    assert type(ow) is DeepSpeedOptimWrapper
