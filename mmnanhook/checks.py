@@ -264,9 +264,15 @@ def format_names(names, count):
 
 
 def format_value(value):
-    """A float for messages: ``nan``/``inf`` as such, else 6 significant."""
+    """A float for messages: ``nan``/``inf`` as such, else 6 significant.
+
+    Strings pass through: strict JSON (``report.json``) stores non-finite
+    floats as ``"nan"``, ``"inf"``, ``"-inf"``.
+    """
     if value is None:
         return 'n/a'
+    if isinstance(value, str):
+        return value
     if not math.isfinite(value):
         return str(value)
     return '%.6g' % value

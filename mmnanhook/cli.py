@@ -1,6 +1,79 @@
-"""The ``mmnan`` command line (also ``python -m mmnanhook``)."""
+"""The ``mmnan`` command line (also ``python -m mmnanhook``).
+
+Exit codes: 0 success (``replay``: the failure reproduced), 1 ``scan`` found
+bad samples, 2 bad input (one line on stderr, no traceback), 3 ``replay``
+came out finite.
+"""
 import argparse
+import json
 import sys
+
+from .errors import BundleError
+
+EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED = 0, 1, 2, 3
+
+
+def _replay(args):
+    from .bundle import to_strict_json
+    from .replay import replay_bundle
+    from .report import format_report
+    bundle, report = replay_bundle(args.bundle, device=args.device,
+                                   fp32=args.fp32)
+    if args.json:
+        print(json.dumps(to_strict_json(report), indent=2, sort_keys=True))
+    else:
+        print(format_report(report))
+        print('bundle: {}'.format(bundle.path))
+    if report.get('kind') == 'not_reproduced':
+        return EXIT_NOT_REPRODUCED
+    return EXIT_OK
+
+
+def _inspect(args):
+    from .bundle import load_bundle
+    from .report import format_report
+    bundle = load_bundle(args.bundle)
+    m = bundle.manifest
+    lines = ['bundle:     {}'.format(bundle.path)]
+    for key in ('iter', 'epoch', 'rank', 'world_size', 'trigger', 'grad_norm',
+                'amp_dtype', 'created'):
+        if key in m:
+            lines.append('{:<11} {}'.format(key + ':', m[key]))
+    if m.get('losses'):
+        lines.append('losses:     ' + ', '.join(
+            '{}={}'.format(k, v) for k, v in sorted(m['losses'].items())))
+    if m.get('nonfinite_losses'):
+        lines.append('non-finite losses: ' + ', '.join(m['nonfinite_losses']))
+    grads = m.get('nonfinite_grads') or {}
+    if grads.get('count'):
+        lines.append('non-finite grads: {} parameter(s): {}'.format(
+            grads['count'], ', '.join(grads.get('names', []))))
+    versions = m.get('versions') or {}
+    lines.append('versions:   ' + ', '.join(
+        '{} {}'.format(k, v) for k, v in sorted(versions.items()) if v))
+    lines.append('files:      ' + ', '.join(
+        '{} ({} B)'.format(f['name'], f['size']) for f in m['files']))
+    lines.append('')
+    lines.append(format_report(bundle.report))
+    print('\n'.join(lines))
+    return EXIT_OK
+
+
+def _scan(args):
+    from .scan import scan_config
+    total, bad = scan_config(args.config, progress=not args.no_progress)
+    for item in bad:
+        print('sample {} {}:'.format(item['index'], item['img_path']))
+        for problem in item['problems']:
+            print('    ' + problem)
+    print('scanned {} samples: {} with invalid ground truth'.format(
+        total, len(bad)))
+    return EXIT_FOUND if bad else EXIT_OK
+
+
+def _demo(args):
+    from .demo import run_demo
+    return run_demo(dota=args.dota, work_dir=args.work_dir)
 
 
 def build_parser():
@@ -8,7 +81,39 @@ def build_parser():
         prog='mmnan',
         description='mmnanhook: find where NaN/Inf came from in MMEngine '
         'training (mmdet / mmrotate).')
-    parser.add_subparsers(dest='command', metavar='COMMAND')
+    sub = parser.add_subparsers(dest='command', metavar='COMMAND')
+
+    p = sub.add_parser('replay', help='re-run the failing iteration of a '
+                       'bundle and diagnose it (exit 0 reproduced, 3 finite, '
+                       '2 bad input)')
+    p.add_argument('bundle', help='bundle directory (.../nan_dumps/...)')
+    p.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
+    p.add_argument('--fp32', action='store_true',
+                   help='replay in fp32 even if the run used autocast')
+    p.add_argument('--json', action='store_true',
+                   help='print the report as JSON (report.json schema)')
+    p.set_defaults(func=_replay)
+
+    p = sub.add_parser('inspect', help='show the manifest and report of a '
+                       'bundle')
+    p.add_argument('bundle')
+    p.set_defaults(func=_inspect)
+
+    p = sub.add_parser('scan', help='pre-flight: run the train pipeline of a '
+                       'config over its dataset and list invalid GT (exit 1 '
+                       'when any)')
+    p.add_argument('config')
+    p.add_argument('--no-progress', action='store_true')
+    p.set_defaults(func=_scan)
+
+    p = sub.add_parser('demo', help='train a tiny detector on a synthetic '
+                       'dataset with one planted defect and diagnose it')
+    p.add_argument('--dota', action='store_true',
+                   help='mmrotate rotated RetinaNet on DOTA-format data')
+    p.add_argument('--work-dir', default=None,
+                   help='where to write data, logs and bundles '
+                   '(default: a new temporary directory)')
+    p.set_defaults(func=_demo)
     return parser
 
 
@@ -22,8 +127,19 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 0
-    return args.func(args)
+        return EXIT_OK
+    try:
+        return args.func(args)
+    except BundleError as error:
+        print('mmnan {}: error: {}'.format(args.command, error),
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (OSError, ValueError, KeyError) as error:
+        if args.command != 'scan':
+            raise
+        print('mmnan scan: error: {}: {}'.format(type(error).__name__, error),
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == '__main__':

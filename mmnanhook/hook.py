@@ -7,6 +7,7 @@ wraps the model's ``train_step`` (anomaly mode around exactly the train
 iteration) and ``parse_losses`` (so a trigger can name the loss term); all of
 it is undone in ``after_train`` or when a train step raises.
 """
+import collections
 import functools
 import logging
 import os
@@ -17,6 +18,9 @@ from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 from . import checks, compat
+from .history import History
+from .incident import default_dump_dir, handle_incident
+from .rng import capture_rng
 from .optim_wrapper import install_nan_detect, validate_options
 
 ANOMALY_MODES = ('on_trigger', 'always', 'never')
@@ -122,7 +126,12 @@ class NanDetectHook(Hook):
         self._patches = []
         self._parsed = None
         self._train_iters = 0
-        self._data_batch = None
+        # iter -> (raw batch, RNG state before its forward) of the micro-steps
+        # since the last update step: the bad loss may be an earlier one's.
+        self._steps = collections.OrderedDict()
+        self._max_steps = 1
+        self._history = History(maxlen=history)
+        self._runner = None
         self._logger = None
 
     # -- lifecycle ---------------------------------------------------------
@@ -139,6 +148,9 @@ class NanDetectHook(Hook):
         module = model.module if is_model_wrapper(model) else model
         self._patch(module, 'parse_losses',
                     self._wrap_parse_losses(module.parse_losses))
+        self._max_steps = max(
+            getattr(w, '_accumulative_counts', 1) for w in self._handle.wrappers)
+        self._runner = runner
         self._logger = runner.logger
         self._logger.info(
             'mmnanhook: checking %s (policy=%r, anomaly=%r)' %
@@ -166,7 +178,7 @@ class NanDetectHook(Hook):
             self._handle.remove()
             self._handle = None
         self._parsed = None
-        self._data_batch = None
+        self._steps.clear()
 
     # -- per iteration -----------------------------------------------------
 
@@ -178,14 +190,30 @@ class NanDetectHook(Hook):
         return False
 
     def _before_step(self, runner, data_batch):
-        """Keep what a trigger in this train iteration needs.
+        """Keep what a trigger in this train iteration needs to replay it.
 
         Args:
             runner (Runner): The runner.
-            data_batch: The batch as the dataloader produced it (not copied:
-                ``train_step`` does not mutate it).
+            data_batch: The batch as the dataloader produced it (kept by
+                reference: ``train_step`` does not mutate it).
         """
-        self._data_batch = data_batch
+        self._steps[runner.iter] = (data_batch, capture_rng())
+        while len(self._steps) > self._max_steps:
+            self._steps.popitem(last=False)
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        # Host floats RuntimeInfoHook already synced: no extra sync here.
+        self._history.append(runner.iter, **self._logged_scalars(runner))
+
+    @staticmethod
+    def _logged_scalars(runner):
+        scalars = runner.message_hub.log_scalars
+        values = {}
+        for field in ('loss', 'grad_norm', 'lr', 'loss_scale'):
+            buffer = scalars.get('train/' + field)
+            values[field] = None if buffer is None else buffer.current()
+        return values
 
     def _wrap_train_step(self, runner, train_step):
 
@@ -254,4 +282,28 @@ class NanDetectHook(Hook):
             'skip', 'warn')
         self._logger.log(logging.WARNING if quiet else logging.ERROR,
                          'mmnanhook: ' + message)
-        return None
+        if event.bad_ranks and event.rank not in event.bad_ranks:
+            # The culprit rank(s) replay their own batch and write the bundle.
+            return None
+        if not self.replay and not self.max_dumps:
+            return None
+        fail_iter = (event.bad_loss_iters or [event.iter])[0]
+        data_batch, rng_state = self._steps.get(fail_iter, (None, None))
+        if data_batch is None:
+            self._logger.error('mmnanhook: no batch kept for iteration %s: '
+                               'no replay and no bundle' % (fail_iter, ))
+            return None
+        runner = self._runner
+        history = self._history.records()
+        history.append(dict(self._logged_scalars(runner), iter=runner.iter,
+                            loss=event.losses.get('loss'),
+                            grad_norm=event.grad_norm,
+                            loss_scale=event.loss_scale))
+        result = handle_incident(
+            runner, event, data_batch, rng_state, history,
+            dump_dir=self.dump_dir or default_dump_dir(runner),
+            max_dumps=self.max_dumps, replay=self.replay,
+            dump_optimizer=self.dump_optimizer)
+        self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %
+                          result['seconds'])
+        return result

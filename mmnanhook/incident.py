@@ -1,0 +1,123 @@
+"""Tier 2 of a trigger: replay and diagnose the failing iteration, then write
+its bundle.  Runs inside the update step, before the policy acts, so the
+parameters and optimizer state are still those before the failing step."""
+import functools
+import logging
+import os.path as osp
+import time
+
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
+
+from .bundle import bundle_name, to_strict_json, write_bundle
+from .data_checks import angle_range_from_config
+from .diagnosis import diagnose
+from .replay import CONFIG_FILE, amp_dtype_name
+from .report import format_report, new_report
+from .rng import restore_rng
+
+
+def _amp_dtype(optim_wrapper):
+    # The autocast dtype of the run: AmpOptimWrapper's ``cast_dtype``, and
+    # fp16 (autocast's default on CUDA) when it names none.
+    members = (optim_wrapper.values()
+               if isinstance(optim_wrapper, OptimWrapperDict) else
+               [optim_wrapper])
+    for member in members:
+        if isinstance(member, AmpOptimWrapper):
+            import torch
+            return getattr(member, 'cast_dtype', None) or torch.float16
+    return None
+
+
+def _unreplayed_report(summary):
+    # A diagnosis that did not run (or crashed) must not cost the bundle.
+    report = new_report()
+    report['summary'] = summary
+    return report
+
+
+def _manifest(runner, event, amp_dtype):
+    return dict(
+        iter=event.iter if event.iter is not None else runner.iter,
+        epoch=runner.epoch,
+        rank=event.rank,
+        world_size=event.world_size,
+        trigger=event.trigger,
+        bad_ranks=event.bad_ranks,
+        losses=event.losses,
+        nonfinite_losses=event.nonfinite_losses,
+        grad_norm=event.grad_norm,
+        nonfinite_grads=dict(names=event.nonfinite_grads,
+                             count=event.nonfinite_grad_count),
+        loss_scale=event.loss_scale,
+        amp_dtype=amp_dtype_name(amp_dtype),
+        message=event.message,
+        exception=None if event.exception is None else '{}: {}'.format(
+            type(event.exception).__name__, event.exception))
+
+
+def handle_incident(runner, event, data_batch, rng_state, history_records,
+                    dump_dir, max_dumps, replay, dump_optimizer):
+    """Diagnose a trigger and write its bundle.
+
+    Args:
+        runner (Runner): The runner.
+        event (NonFiniteEvent): The trigger.
+        data_batch: The raw batch of the failing iteration.
+        rng_state (dict): RNG states before the failing iteration's forward.
+        history_records (list[dict]): Recent per-iteration history.
+        dump_dir (str): Where bundles go.
+        max_dumps (int): Bundles kept per rank; 0 writes none.
+        replay (bool): Run the replay diagnosis.
+        dump_optimizer (bool): Put the optimizer state in the bundle.
+
+    Returns:
+        dict: ``bundle`` (path or None), ``summary``, ``report``, and
+        ``seconds`` spent.
+    """
+    start = time.time()
+    model = runner.model.module if is_model_wrapper(
+        runner.model) else runner.model
+    amp_dtype = _amp_dtype(runner.optim_wrapper)
+    optim_state = runner.optim_wrapper.state_dict()
+    if replay:
+        try:
+            report = diagnose(
+                model, data_batch,
+                restore_rng=functools.partial(restore_rng, rng_state),
+                amp_dtype=amp_dtype,
+                angle_range=angle_range_from_config(runner.cfg),
+                optimizer_state=optim_state)
+        except Exception as error:  # noqa: BLE001 - never mask the trigger
+            print_log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
+                type(error).__name__, error), logger='current',
+                level=logging.ERROR)
+            report = _unreplayed_report(
+                'the replay diagnosis failed: {}: {}'.format(
+                    type(error).__name__, error))
+    else:
+        report = _unreplayed_report('no replay (replay=False)')
+    text = format_report(report)
+    print_log('mmnanhook diagnosis:\n' + text, logger='current',
+              level=logging.ERROR)
+    path = None
+    if max_dumps:
+        tensors = dict(data_batch=data_batch, model=model.state_dict(),
+                       rng=rng_state)
+        if dump_optimizer:
+            tensors['optimizer'] = optim_state
+        manifest = to_strict_json(_manifest(runner, event, amp_dtype))
+        path = write_bundle(
+            dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
+            tensors, {CONFIG_FILE: runner.cfg.pretty_text,
+                      'report.txt': text + '\n'},
+            to_strict_json(report), history_records, max_dumps=max_dumps)
+    return dict(bundle=path, summary=report.get('summary'), report=report,
+                seconds=time.time() - start)
+
+
+def default_dump_dir(runner):
+    """``{work_dir}/nan_dumps``."""
+    return osp.join(runner.work_dir, 'nan_dumps')

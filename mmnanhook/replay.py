@@ -1,0 +1,90 @@
+"""Offline replay of a bundle: rebuild the model from the bundle's config,
+load its parameters, batch and RNG, and run the tier-2 diagnosis again."""
+import functools
+
+import torch
+
+from .bundle import load_bundle
+from .data_checks import angle_range_from_config
+from .diagnosis import diagnose
+from .errors import BundleError
+from .rng import restore_rng
+
+CONFIG_FILE = 'config.py'
+
+_AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}
+
+
+def amp_dtype_name(dtype):
+    """How a bundle's manifest names an autocast dtype (``None`` for fp32)."""
+    for name, value in _AMP_DTYPES.items():
+        if dtype == value:
+            return name
+    return None
+
+
+def config_from_text(text):
+    """An mmengine ``Config`` from the text a bundle holds."""
+    from mmengine.config import Config
+    return Config.fromstring(text, file_format='.py')
+
+
+def build_model(cfg, device='cpu'):
+    """Build ``cfg.model`` in the config's default scope, in train mode.
+
+    Args:
+        cfg (mmengine.Config): The training config.
+        device (str): Where the model goes.
+    """
+    from mmengine.registry import MODELS, init_default_scope
+    if cfg.get('default_scope') is not None:
+        init_default_scope(cfg.default_scope)
+    model = MODELS.build(cfg.model)
+    return model.to(device).train()
+
+
+def _load_inputs(path, device):
+    bundle = load_bundle(path, load=('data_batch', 'model', 'rng'))
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise BundleError('--device cuda: no CUDA device on this machine')
+    try:
+        cfg = config_from_text(bundle.text(CONFIG_FILE))
+        model = build_model(cfg, device)
+        model.load_state_dict(bundle.load('model'))
+    except BundleError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any rebuild failure is bad input
+        raise BundleError(' '.join(
+            'cannot rebuild the model of {}: {}: {}'.format(
+                path, type(error).__name__, error).split()))
+    return bundle, cfg, model
+
+
+def replay_bundle(path, device='cpu', fp32=False):
+    """Replay the failing iteration of a bundle and diagnose it.
+
+    Args:
+        path (str): Bundle directory.
+        device (str): ``'cpu'`` or ``'cuda'``.
+        fp32 (bool): Replay in fp32 even when the run used autocast.
+
+    Returns:
+        tuple[Bundle, dict]: The bundle and the new report
+        (``report.json`` schema).
+
+    Raises:
+        BundleError: Not a bundle, a corrupt or missing file, or a model that
+            cannot be rebuilt from the bundle's config.
+    """
+    bundle, cfg, model = _load_inputs(path, device)
+    amp_dtype = None if fp32 else _AMP_DTYPES.get(
+        bundle.manifest.get('amp_dtype'))
+    report = diagnose(
+        model,
+        bundle.load('data_batch'),
+        restore_rng=functools.partial(restore_rng, bundle.load('rng')),
+        amp_dtype=amp_dtype,
+        angle_range=angle_range_from_config(cfg),
+        optimizer_state=bundle.load('optimizer')
+        if bundle.has('optimizer') else None)
+    return bundle, report
