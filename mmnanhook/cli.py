@@ -6,11 +6,26 @@ came out finite.
 """
 import argparse
 import json
+import logging
 import sys
 
 from .errors import BundleError
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED = 0, 1, 2, 3
+
+
+def _log_to_stderr():
+    """Make the current MMLogger one that writes to stderr.
+
+    MMLogger prints to stdout, where ``replay``, ``inspect`` and ``scan``
+    print their result (``replay --json`` must stay parseable).
+    """
+    from mmengine.logging import MMLogger
+    logger = MMLogger.get_instance('mmnan')
+    for handler in logger.handlers:
+        if (isinstance(handler, logging.StreamHandler)
+                and handler.stream is sys.stdout):
+            handler.setStream(sys.stderr)
 
 
 def _replay(args):
@@ -59,9 +74,17 @@ def _inspect(args):
     return EXIT_OK
 
 
+def _bad_input(command, error):
+    print('mmnan {}: error: {}'.format(command, error), file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
 def _scan(args):
-    from .scan import scan_config
-    total, bad = scan_config(args.config, progress=not args.no_progress)
+    from .scan import ScanError, scan_config
+    try:
+        total, bad = scan_config(args.config, progress=not args.no_progress)
+    except ScanError as error:
+        return _bad_input('scan', error)
     for item in bad:
         print('sample {} {}:'.format(item['index'], item['img_path']))
         for problem in item['problems']:
@@ -128,18 +151,12 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return EXIT_OK
+    if args.command != 'demo':
+        _log_to_stderr()
     try:
         return args.func(args)
     except BundleError as error:
-        print('mmnan {}: error: {}'.format(args.command, error),
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except (OSError, ValueError, KeyError) as error:
-        if args.command != 'scan':
-            raise
-        print('mmnan scan: error: {}: {}'.format(type(error).__name__, error),
-              file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return _bad_input(args.command, error)
 
 
 if __name__ == '__main__':

@@ -11,14 +11,14 @@ import tempfile
 from . import testbed
 from .errors import NonFiniteError
 
-# (config, dataset format, defect planted, why this path reaches the loss)
+# dota? -> (tiny config, defect planted, how that defect reaches the loss)
 _SETUPS = {
     False: ('retinanet_voc', 'zero_size',
             'a custom VOC-style XML dataset (mmdet XMLDataset keeps zero-size '
             'boxes unless filter_cfg.bbox_min_size is set)'),
     True: ('rotated_retinanet', 'collinear',
            'DOTA-format labelTxt (DOTA polygons are not size-filtered; a '
-           'collinear polygon becomes a zero-height rotated box)'),
+           'collinear polygon becomes a degenerate rotated box)'),
 }
 
 NUM_IMAGES = 8
@@ -28,6 +28,23 @@ MAX_ITERS = 12
 
 def _say(text=''):
     print(text, flush=True)
+
+
+def demo_dataset(dota, root):
+    """Write the synthetic dataset of a demo, with its one planted defect.
+
+    Args:
+        dota (bool): The DOTA demo's dataset instead of the mmdet one's.
+        root (str): Directory to write into.
+
+    Returns:
+        dict: The generator's description of what it wrote (see
+        :mod:`mmnanhook.synthetic`), ``defects`` and ``defect_images``
+        included.
+    """
+    config, defect, _ = _SETUPS[bool(dota)]
+    return testbed.make_dataset(config, root, num_images=NUM_IMAGES,
+                                defects={DEFECT_IMAGE: defect})
 
 
 def run_demo(dota=False, work_dir=None):
@@ -43,9 +60,7 @@ def run_demo(dota=False, work_dir=None):
 
     config, defect, why = _SETUPS[bool(dota)]
     work_dir = work_dir or tempfile.mkdtemp(prefix='mmnan_demo_')
-    data = testbed.make_dataset(config, osp.join(work_dir, 'data'),
-                                num_images=NUM_IMAGES,
-                                defects={DEFECT_IMAGE: defect})
+    data = demo_dataset(dota, osp.join(work_dir, 'data'))
     dump_dir = osp.join(work_dir, 'nan_dumps')
     cfg = testbed.tiny_config(
         config, data, osp.join(work_dir, 'run'), max_iters=MAX_ITERS,

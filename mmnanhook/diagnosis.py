@@ -43,6 +43,9 @@ from .report import finalize, new_report
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
+# Buffers a normalization layer updates in train-mode forward.
+_RUNNING_STATS = ('running_mean', 'running_var', 'num_batches_tracked')
+
 
 def _display_name(name):
     """Report name of a module: ``None`` for the model itself."""
@@ -367,8 +370,19 @@ def _replay_samples(session, report, backward, log):
 
 
 def _scan_state(report, model, optimizer_state):
+    buffers = _nonfinite_names(model.named_buffers())
+    # BN running statistics are written by the failing forward itself and
+    # not read in train mode: non-finite ones are a symptom, not a cause.
+    stats = [name for name in buffers
+             if name.rsplit('.', 1)[-1] in _RUNNING_STATS]
     report['params'] = (_nonfinite_names(model.named_parameters())
-                        + _nonfinite_names(model.named_buffers()))
+                        + [name for name in buffers if name not in stats])
+    if stats:
+        report['notes'].append(
+            '{} normalization running statistics are non-finite ({}{}): the '
+            'failing forward wrote them; train-mode forward does not read '
+            'them'.format(len(stats), ', '.join(stats[:3]),
+                          ', ...' if len(stats) > 3 else ''))
     report['largest_param'] = _largest_param(model)
     report['optimizer_state'] = _optimizer_state_problems(
         optimizer_state, model)

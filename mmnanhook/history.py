@@ -72,8 +72,13 @@ def _plot_series(ax, iters, values, title, fail_iter):
                        ', '.join(sorted(set(str(v) for _, v in bad)))),
                    zorder=3)
     positive = [v for v in finite if not math.isnan(v)]
-    if positive and min(positive) > 0:
+    if positive and min(positive) > 0 and max(positive) >= 10 * min(
+            positive):
         ax.set_yscale('log')
+        # Plain labels: the default mathtext ones cost most of the plot's
+        # time, and the plot is made while training waits.
+        ax.yaxis.set_major_formatter(_plain_formatter())
+        ax.yaxis.set_minor_formatter(_plain_formatter(minor=True))
     if fail_iter is not None:
         ax.axvline(fail_iter, color='tab:red', linestyle='--', linewidth=1,
                    label='failing iteration {}'.format(fail_iter))
@@ -83,11 +88,18 @@ def _plot_series(ax, iters, values, title, fail_iter):
         ax.legend(loc='upper left', fontsize='small')
 
 
+def _plain_formatter(minor=False):
+    from matplotlib.ticker import FuncFormatter
+    if minor:
+        return FuncFormatter(lambda value, pos: '')
+    return FuncFormatter(lambda value, pos: '{:g}'.format(value))
+
+
 def plot_history(records, path, fail_iter=None):
     """Plot loss, gradient norm, learning rate and loss scale into a PNG.
 
     Series without any recorded value (e.g. the loss scale without AMP) are
-    left out; series whose values are all positive use a log scale.
+    left out; positive series spanning a decade or more use a log scale.
 
     Args:
         records (list[dict]): As returned by :meth:`History.records`.
@@ -115,5 +127,7 @@ def plot_history(records, path, fail_iter=None):
             _plot_series(ax, iters, [record.get(field) for record in records],
                          _TITLES[field], fail_iter)
         axes[-1, 0].set_xlabel('iteration')
-    figure.tight_layout()
+    # Fixed margins instead of tight_layout(), which lays out every text twice.
+    figure.subplots_adjust(left=0.1, right=0.98, top=0.97, bottom=0.08,
+                           hspace=0.15)
     figure.savefig(path, format='png', dpi=100)

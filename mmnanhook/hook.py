@@ -20,8 +20,8 @@ from mmengine.registry import HOOKS
 from . import checks, compat
 from .history import History
 from .incident import default_dump_dir, handle_incident
-from .rng import capture_rng
 from .optim_wrapper import install_nan_detect, validate_options
+from .rng import capture_rng
 
 ANOMALY_MODES = ('on_trigger', 'always', 'never')
 
@@ -131,6 +131,7 @@ class NanDetectHook(Hook):
         self._steps = collections.OrderedDict()
         self._max_steps = 1
         self._history = History(maxlen=history)
+        self._buffers = []
         self._runner = None
         self._logger = None
 
@@ -179,6 +180,7 @@ class NanDetectHook(Hook):
             self._handle = None
         self._parsed = None
         self._steps.clear()
+        self._buffers = []
 
     # -- per iteration -----------------------------------------------------
 
@@ -200,6 +202,14 @@ class NanDetectHook(Hook):
         self._steps[runner.iter] = (data_batch, capture_rng())
         while len(self._steps) > self._max_steps:
             self._steps.popitem(last=False)
+        if (self.options['policy'] == 'skip'
+                and runner.iter % self._max_steps == 0):
+            # A skipped step must also undo what the forward wrote into
+            # buffers (BN running statistics): only 'skip' pays for the copy.
+            model = runner.model
+            module = model.module if is_model_wrapper(model) else model
+            self._buffers = [(b, b.detach().clone())
+                             for b in module.buffers()]
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):
@@ -282,6 +292,8 @@ class NanDetectHook(Hook):
             'skip', 'warn')
         self._logger.log(logging.WARNING if quiet else logging.ERROR,
                          'mmnanhook: ' + message)
+        if self.options['policy'] == 'skip' and event.trigger != 'exception':
+            self._restore_buffers()
         if event.bad_ranks and event.rank not in event.bad_ranks:
             # The culprit rank(s) replay their own batch and write the bundle.
             return None
@@ -307,3 +319,8 @@ class NanDetectHook(Hook):
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %
                           result['seconds'])
         return result
+
+    def _restore_buffers(self):
+        with torch.no_grad():
+            for buffer, saved in self._buffers:
+                buffer.copy_(saved)

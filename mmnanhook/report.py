@@ -289,16 +289,18 @@ def _exploding(report):
 
 
 def _overflow_hint(report):
+    # module is None when the model's own forward (no submodule) made it.
+    where = "'{}'".format(report['module']) if report['module'] else (
+        'the op at {}'.format(report['location'] or 'the reported line'))
     if report['amp_dtype'] == 'float16':
         return (
-            "Keep '{}' (or the loss it feeds) in float32: run it under "
+            'Keep {} (or the loss it feeds) in float32: run it under '
             '`torch.autocast(device_type, enabled=False)` with `.float()` '
             "inputs, switch AMP to bfloat16 (`AmpOptimWrapper(dtype="
-            "'bfloat16')`), or scale its activations down.".format(
-                report['module']))
+            "'bfloat16')`), or scale its activations down.".format(where))
     return ("The failure needs autocast({}): a precision loss, not a range "
-            "overflow. Run '{}' in float32 (`torch.autocast(device_type, "
-            'enabled=False)`).'.format(report['amp_dtype'], report['module']))
+            "overflow. Run {} in float32 (`torch.autocast(device_type, "
+            'enabled=False)`).'.format(report['amp_dtype'], where))
 
 
 def _exception_hint(report):

@@ -3,6 +3,53 @@ dataset and list the samples whose ground truth would poison the loss."""
 from .data_checks import angle_range_from_config, check_batch
 
 
+class ScanError(Exception):
+    """The config cannot be loaded or its train dataset cannot be built."""
+
+
+def _one_line(text):
+    return ' '.join(str(text).split())
+
+
+def _build_dataset(config_path):
+    """(dataset, angle range) of a config's train dataloader."""
+    from mmengine.config import Config
+    from mmengine.registry import DATASETS, init_default_scope
+    try:
+        cfg = Config.fromfile(config_path)
+        if cfg.get('default_scope') is not None:
+            init_default_scope(cfg.default_scope)
+        dataset = DATASETS.build(cfg.train_dataloader.dataset)
+    except Exception as error:  # noqa: BLE001 - any failure is bad input
+        raise ScanError(_one_line(
+            'cannot build the train dataset of {}: {}: {}'.format(
+                config_path, type(error).__name__, error)))
+    return dataset, angle_range_from_config(cfg)
+
+
+def _img_path(dataset, index):
+    # mmengine's BaseDataset knows a sample's image without running the
+    # pipeline; a plain torch Dataset does not.
+    get_info = getattr(dataset, 'get_data_info', None)
+    info = get_info(index) if get_info is not None else None
+    return info.get('img_path') if isinstance(info, dict) else None
+
+
+def _check_sample(dataset, index, angle_range):
+    """``{'index', 'img_path', 'problems'}`` of one sample."""
+    try:
+        item = dataset[index]
+    except Exception as error:  # noqa: BLE001 - it would stop training too
+        return {'index': index, 'img_path': _img_path(dataset, index),
+                'problems': [_one_line('the pipeline failed: {}: {}'.format(
+                    type(error).__name__, error))]}
+    batch = {'inputs': [item['inputs']],
+             'data_samples': [item['data_samples']]}
+    result = check_batch(batch, angle_range=angle_range)[0]
+    result['index'] = index
+    return result
+
+
 def scan_config(config_path, progress=True):
     """Check every sample of a config's training dataset.
 
@@ -13,27 +60,22 @@ def scan_config(config_path, progress=True):
 
     Returns:
         tuple[int, list[dict]]: The number of samples scanned and
-        ``{'index', 'img_path', 'problems'}`` for each bad sample.
+        ``{'index', 'img_path', 'problems'}`` for each bad sample; a sample
+        whose pipeline raises (e.g. an unreadable image) is a bad sample.
+
+    Raises:
+        ScanError: The config cannot be loaded or its train dataset cannot
+            be built; the message is one line.
     """
-    from mmengine.config import Config
-    from mmengine.registry import DATASETS, init_default_scope
     from mmengine.utils import track_iter_progress
 
-    cfg = Config.fromfile(config_path)
-    if cfg.get('default_scope') is not None:
-        init_default_scope(cfg.default_scope)
-    dataset = DATASETS.build(cfg.train_dataloader.dataset)
-    angle_range = angle_range_from_config(cfg)
+    dataset, angle_range = _build_dataset(config_path)
     indices = range(len(dataset))
     if progress:
         indices = track_iter_progress(list(indices))
     bad = []
     for index in indices:
-        item = dataset[index]
-        batch = {'inputs': [item['inputs']],
-                 'data_samples': [item['data_samples']]}
-        result = check_batch(batch, angle_range=angle_range)[0]
+        result = _check_sample(dataset, index, angle_range)
         if result['problems']:
-            result['index'] = index
             bad.append(result)
     return len(dataset), bad

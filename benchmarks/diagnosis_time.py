@@ -1,0 +1,214 @@
+"""Time to diagnosis of NanDetectHook on the tiny real detectors (CPU).
+
+A tiny detector trains ``--clean-iters`` clean iterations, then meets one
+planted degenerate GT box (RetinaNet on VOC-style data: a zero-size box;
+rotated RetinaNet on DOTA data: a collinear polygon) and NanDetectHook
+(``policy='raise'``) replays, diagnoses and writes the bundle.
+
+Measured per run, all in the same process and run:
+
+* ``iter``: median wall time of the clean iterations after ``--warmup``,
+  ``before_train_iter`` to ``after_train_iter`` (every hook plus
+  ``train_step``);
+* ``total``: wall time of the failing iteration, from its
+  ``before_train_iter`` until the error reaches the caller, minus one
+  ``iter`` (its own forward and backward): the cost of bundle + report;
+* ``replay``: the diagnosis alone (``report['elapsed_s']``); ``total -
+  replay`` is mostly the bundle's disk I/O (torch.save, fsync, plot).
+
+Reported: the median over ``--repeats`` fresh runs [min, max], and
+``total`` and ``replay`` as multiples of ``iter``. The first run of a
+process also pays one-time imports (e.g. matplotlib for ``history.png``).
+
+Usage::
+
+    OMP_NUM_THREADS=1 python benchmarks/diagnosis_time.py --threads 1
+    python benchmarks/diagnosis_time.py --models rotated_retinanet
+"""
+import argparse
+import datetime
+import importlib
+import os
+import os.path as osp
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+# config -> (title, planted defect, packages it needs)
+MODELS = [
+    ('retinanet_voc', 'tiny RetinaNet (VOC, zero-size box)', 'zero_size',
+     ('mmdet', )),
+    ('rotated_retinanet', 'tiny rotated RetinaNet (DOTA, collinear polygon)',
+     'collinear', ('mmdet', 'mmrotate')),
+]
+
+
+class _Span(object):
+    """Hook pair timing each train iteration across all other hooks."""
+
+    def __init__(self):
+        from mmengine.hooks import Hook
+        span = self
+        self.start = None
+        self.iters = []
+
+        class Start(Hook):
+            priority = 'HIGHEST'
+
+            def before_train_iter(self, runner, batch_idx, data_batch=None):
+                span.start = time.perf_counter()
+
+        class End(Hook):
+            priority = 'LOWEST'
+
+            def after_train_iter(self, runner, batch_idx, data_batch=None,
+                                 outputs=None):
+                span.iters.append(time.perf_counter() - span.start)
+
+        self.hooks = [Start(), End()]
+
+
+def _loader_order(cfg):
+    """Image file names in the order the train loader yields them (DOTA
+    globs its annotation files, so the order is the file system's)."""
+    from mmengine.registry import DATASETS, init_default_scope
+    init_default_scope(cfg.default_scope)
+    dataset = DATASETS.build(cfg.train_dataloader.dataset)
+    return [osp.basename(dataset.get_data_info(i)['img_path'])
+            for i in range(len(dataset))]
+
+
+def _run(name, defect, clean_iters, warmup, work_dir):
+    """One run: clean iteration times, the failing iteration's span, its
+    report and the bundle's size in bytes."""
+    from mmengine.runner import Runner
+
+    from mmnanhook import NonFiniteError, testbed
+    batch = 2
+    num_images = batch * (clean_iters + 1)
+    root = osp.join(work_dir, 'data')
+    data = testbed.make_dataset(name, root, num_images=num_images)
+    hook = dict(type='NanDetectHook', dump_dir=osp.join(work_dir, 'dumps'))
+
+    def config():
+        cfg = testbed.tiny_config(name, data, osp.join(work_dir, 'run'),
+                                  max_iters=clean_iters + 1,
+                                  log_level='WARNING')
+        cfg.custom_hooks = [hook]
+        return cfg
+
+    # The defect goes into the image the loader yields last, so that every
+    # iteration before it is clean. Rewriting the same files in place keeps
+    # the directory order.
+    last = _loader_order(config())[-1]
+    index = data['images'].index(last)
+    data = testbed.make_dataset(name, root, num_images=num_images,
+                                defects={index: defect})
+    runner = Runner.from_cfg(config())
+    span = _Span()
+    for h in span.hooks:
+        runner.register_hook(h)
+    try:
+        runner.train()
+    except NonFiniteError as error:
+        failing = time.perf_counter() - span.start
+        if error.iter != clean_iters or error.bundle is None:
+            raise RuntimeError('unexpected trigger: %s' % error)
+        return (span.iters[warmup:], failing, error.report,
+                _du(error.bundle))
+    raise RuntimeError('the planted defect did not trigger')
+
+
+def _du(path):
+    return sum(osp.getsize(osp.join(path, f)) for f in os.listdir(path))
+
+
+def _available(modules):
+    try:
+        for module in modules:
+            importlib.import_module(module)
+        importlib.import_module('mmcv.ops')
+        return True
+    except Exception:  # noqa: BLE001 - not installed in this environment
+        return False
+
+
+def _fmt(values, digits=3):
+    return '%.*f [%.*f, %.*f]' % (digits, statistics.median(values), digits,
+                                  min(values), digits, max(values))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--clean-iters', type=int, default=20,
+                        help='clean iterations before the trigger '
+                        '(default 20)')
+    parser.add_argument('--warmup', type=int, default=3,
+                        help='clean iterations left out of the median '
+                        '(default 3)')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='fresh runs per model (default 3)')
+    parser.add_argument('--models', nargs='+', choices=[m[0] for m in MODELS],
+                        help='default: every model whose packages import')
+    parser.add_argument('--threads', type=int,
+                        help="torch intra-op threads (default: torch's "
+                        'choice)')
+    parser.add_argument('--work-dir', help='default: a temporary directory')
+    args = parser.parse_args(argv)
+    if (args.clean_iters < 1 or args.repeats < 1 or args.warmup < 0
+            or args.warmup >= args.clean_iters):
+        parser.error('need --clean-iters >= 1, --repeats >= 1 and '
+                     '0 <= --warmup < --clean-iters')
+    import torch
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    import mmnanhook  # noqa: F401 - registers NanDetectHook
+    models = [m for m in MODELS
+              if (args.models is None or m[0] in args.models)
+              and _available(m[3])]
+    if not models:
+        print('none of the requested models can run here (mmdet / mmrotate '
+              'with compiled mmcv ops are needed)', file=sys.stderr)
+        return 1
+    work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_diag_')
+    # The hook logs its diagnosis on the console: the table comes last.
+    lines = [
+        '# mmnanhook time to diagnosis, %s' %
+        datetime.date.today().isoformat(),
+        '# machine: %s, %d CPUs, Python %s, torch %s (%d threads)' %
+        (platform.node() or 'unknown host', os.cpu_count() or 0,
+         platform.python_version(), torch.__version__,
+         torch.get_num_threads()),
+        '# %d fresh runs x %d clean iterations (%d warm-up) then one planted '
+        'degenerate box; median [min, max] over runs' %
+        (args.repeats, args.clean_iters, args.warmup), '',
+        '| model | torch | iter s | bundle + report s | of which replay s | '
+        'bundle + report / iter | replay / iter | bundle MB |',
+        '| --- | --- | --- | --- | --- | --- | --- | --- |',
+    ]
+    for name, title, defect, _ in models:
+        iters, totals, replays, sizes = [], [], [], []
+        for repeat in range(args.repeats):
+            times, failing, report, size = _run(
+                name, defect, args.clean_iters, args.warmup,
+                osp.join(work_root, name, str(repeat)))
+            iter_s = statistics.median(times)
+            iters.append(iter_s)
+            totals.append(failing - iter_s)
+            replays.append(report['elapsed_s'])
+            sizes.append(size / 1e6)
+        lines.append('| %s | %s | %s | %s | %s | %s | %s | %.1f |' % (
+            title, torch.__version__, _fmt(iters), _fmt(totals),
+            _fmt(replays),
+            _fmt([t / i for t, i in zip(totals, iters)], 1),
+            _fmt([r / i for r, i in zip(replays, iters)], 1),
+            statistics.median(sizes)))
+    print('\n'.join(lines))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Both demos end to end, as the README's first commands run them: a fresh
+``mmnan demo`` process, then ``mmnan replay`` of the bundle it printed."""
+import os.path as osp
+import re
+
+import pytest
+
+from mmnanhook.demo import demo_dataset
+from test_cli import assert_same_report, mmnan, replay_json, run_report
+
+
+@pytest.mark.parametrize('dota', [
+    pytest.param(False, marks=pytest.mark.mmdet, id='mmdet'),
+    pytest.param(True, marks=pytest.mark.mmrotate, id='dota'),
+])
+def test_demo_finds_the_planted_defect_and_its_bundle_replays(tmp_path,
+                                                               dota):
+    work_dir = str(tmp_path / 'demo')
+    flags = ['--dota'] if dota else []
+    result = mmnan('demo', '--work-dir', work_dir, *flags)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr
+    out = result.stdout
+
+    # What the generator planted, written again from the same arguments.
+    expected = demo_dataset(dota, str(tmp_path / 'expected'))
+    (defect, ) = expected['defects']
+    image = osp.join(
+        work_dir, 'data',
+        osp.relpath(expected['img_dir'], expected['data_root']),
+        defect['image'])
+    found = out.split('== NanDetectHook stopped training')[1]
+    assert image in found
+    assert 'gt box {} '.format(defect['index']) in found
+    # No clean image is named anywhere.
+    assert [name for name in expected['images'] if name in out] == [
+        defect['image']]
+
+    bundle = re.search(r'^ +replay: +mmnan replay (\S+)$', out,
+                       re.MULTILINE).group(1)
+    plot = re.search(r'^ +plot: +(\S+)$', out, re.MULTILINE).group(1)
+    assert osp.isfile(plot)
+    code, report = replay_json(bundle)
+    assert code == 0
+    assert_same_report(report, run_report(bundle))
+    assert [s['img_path'] for s in report['samples']] == [image]

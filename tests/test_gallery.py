@@ -1,0 +1,660 @@
+"""The failure gallery: tier 2 end to end on the real tiny detectors.
+
+Each test plants one fault in a real mmdet / mmrotate detector (its data, a
+small module of this file registered in mmdet's ``MODELS``, a weight, the
+learning rate, the RNG), trains it on a real Runner with ``NanDetectHook``,
+and checks what the bundle and the diagnosis say against what was planted.
+Expected source lines are found in this file by a marker comment.
+
+Run as a script, this file is the DDP worker the launcher starts.
+"""
+import contextlib
+import glob
+import json
+import math
+import os
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.optim import OptimWrapper
+from mmengine.registry import OPTIM_WRAPPERS
+from mmengine.runner import Runner
+
+from mmnanhook import NonFiniteError, compat, testbed
+from mmnanhook.bundle import load_bundle, to_strict_json
+from mmnanhook.rng import restore_rng
+from test_diagnosis import _is_op
+from test_tier1_amp import CpuAmpOptimWrapper
+from test_tier1_ddp import BAD_ITER, BAD_RANK, BAD_SAMPLE, _free_port, \
+    _launcher
+
+MANIFEST_KEYS = ('format_version', 'iter', 'epoch', 'rank', 'world_size',
+                 'trigger', 'losses', 'nonfinite_losses', 'grad_norm',
+                 'nonfinite_grads', 'versions', 'files')
+VERSION_KEYS = ('python', 'torch', 'mmengine', 'mmcv', 'mmdet', 'mmrotate',
+                'mmnanhook')
+
+# The first torch draw of a forward drops the feature map below this.
+DROP_P = 0.05
+# Multiplies a feature map: > 65504 (the float16 max) from O(1) features.
+AMPLIFY = 1e5
+
+
+def _line_of(marker):
+    """``file:line`` of the line of this file ending in ``# MARK marker``."""
+    path = osp.abspath(__file__)
+    with open(path) as f:
+        hits = [i + 1 for i, text in enumerate(f)
+                if text.rstrip().endswith('# MARK ' + marker)]
+    assert len(hits) == 1, marker
+    return '{}:{}'.format(path, hits[0])
+
+
+# -- planted modules ---------------------------------------------------------
+
+
+class SqrtL1Loss(nn.Module):
+    """A box loss written as ``sqrt(weight * err**2)``: finite forward, but
+    the zero weight of every negative anchor puts ``sqrt`` at 0, whose
+    derivative is infinite (and ``0 * inf`` behind it is NaN)."""
+
+    def __init__(self, loss_weight=1.0):
+        super(SqrtL1Loss, self).__init__()
+        self.loss_weight = loss_weight
+
+    def forward(self, pred, target, weight=None, avg_factor=None,
+                reduction_override=None):
+        err = (pred - target)**2
+        if weight is not None:
+            err = err * weight
+        loss = torch.sqrt(err).sum()  # MARK sqrt
+        return self.loss_weight * loss / max(float(avg_factor or 1), 1.0)
+
+
+class _DivideByScale(nn.Module):
+    """Divides by a scale buffer that nobody initialised (zeros)."""
+
+    def __init__(self):
+        super(_DivideByScale, self).__init__()
+        self.register_buffer('scale', torch.zeros(1))
+
+    def forward(self, x):
+        return x / self.scale  # MARK divide
+
+
+class _InplaceGate(nn.Module):
+    """Gates a feature map, but rescales the gate in place."""
+
+    def forward(self, x):
+        gate = x.sigmoid()  # MARK sigmoid
+        gate.mul_(2)  # sigmoid's backward needs its unmodified output
+        return x * gate
+
+
+class _RandomDrop(nn.Module):
+    """Drops the whole map with probability DROP_P, rescaled by the kept
+    fraction: ``0 / 0`` when dropped."""
+
+    def forward(self, x):
+        keep = (torch.rand(()) >= DROP_P).to(x.dtype)
+        return x * keep / keep  # MARK drop
+
+
+class _Amplify(nn.Module):
+    """Finite in float32, beyond the float16 range under autocast."""
+
+    def forward(self, x):
+        return x * AMPLIFY  # MARK amplify
+
+
+TAILS = {
+    'divide': _DivideByScale,
+    'inplace': _InplaceGate,
+    'drop': _RandomDrop,
+    'amplify': _Amplify,
+}
+
+
+class GalleryNeck(nn.Module):
+    """A neck that runs a stock FPN, then one planted module (``tail``) on
+    its finest output: the parent of the fault, never its producer.
+
+    Args:
+        fpn (dict): The FPN config.
+        tail (str): A key of ``TAILS``.
+    """
+
+    def __init__(self, fpn, tail):
+        super(GalleryNeck, self).__init__()
+        from mmdet.registry import MODELS
+        self.fpn = MODELS.build(fpn)
+        self.tail = TAILS[tail]()
+
+    def forward(self, feats):
+        outs = list(self.fpn(feats))
+        outs[0] = self.tail(outs[0])
+        return tuple(outs)
+
+
+@OPTIM_WRAPPERS.register_module(force=True)
+class CpuFp16AmpOptimWrapper(CpuAmpOptimWrapper):
+    """``CpuAmpOptimWrapper`` with float16 autocast on CPU (torch >= 2.x
+    autocasts float16 there; mmengine's ``autocast`` allows only bfloat16 on
+    CPU, so the context is torch's own)."""
+
+    def __init__(self, **kwargs):
+        super(CpuFp16AmpOptimWrapper, self).__init__(**kwargs)
+        self.cast_dtype = torch.float16
+
+    @contextlib.contextmanager
+    def optim_context(self, model):
+        with OptimWrapper.optim_context(self, model), \
+                compat.autocast('cpu', torch.float16):
+            yield
+
+
+def _register_mmdet_modules():
+    from mmdet.registry import MODELS
+    MODELS.register_module(module=SqrtL1Loss, force=True)
+    MODELS.register_module(module=GalleryNeck, force=True)
+
+
+class _AtIter(Hook):
+    """Calls ``action(runner)`` before the train iterations in ``iters``."""
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, action, iters):
+        self.action = action
+        self.iters = iters
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        if runner.iter in self.iters:
+            self.action(runner, runner.iter)
+
+
+# -- running and reading -----------------------------------------------------
+
+
+def _runner(tmp_path, name, defects=None, hook=None, max_iters=2,
+            num_images=4, tail=None, hooks=(), **overrides):
+    """A Runner of a tiny config with NanDetectHook dumping into
+    ``tmp_path/dumps``; ``tail`` plants a :data:`TAILS` module in the neck."""
+    data = testbed.make_dataset(name, str(tmp_path / 'data'),
+                                num_images=num_images, defects=defects or {})
+    cfg = testbed.tiny_config(name, data, str(tmp_path / 'work'),
+                              max_iters=max_iters, log_level='WARNING',
+                              **overrides)
+    if tail is not None:
+        cfg.model.neck = dict(type='GalleryNeck', fpn=cfg.model.neck,
+                              tail=tail)
+    hook = dict(hook or {}, type='NanDetectHook')
+    hook.setdefault('dump_dir', str(tmp_path / 'dumps'))
+    cfg.custom_imports = dict(imports=['mmnanhook'],
+                              allow_failed_imports=False)
+    cfg.custom_hooks = [hook]
+    runner = Runner.from_cfg(cfg)
+    for extra in hooks:
+        runner.register_hook(extra)
+    return runner, data
+
+
+def _raises(runner, error=NonFiniteError):
+    with pytest.raises(error) as info:
+        runner.train()
+    return info.value
+
+
+def _bundles(dump_dir):
+    """Bundle directories in ``dump_dir``; no partial ones may be left."""
+    entries = sorted(os.listdir(str(dump_dir))) if osp.isdir(
+        str(dump_dir)) else []
+    assert not [e for e in entries if e.startswith('.')], entries
+    return [osp.join(str(dump_dir), e) for e in entries]
+
+
+def _strict_json(path):
+
+    def reject(token):
+        raise AssertionError('{} is not strict JSON: {}'.format(path, token))
+
+    with open(path) as f:
+        return json.load(f, parse_constant=reject)
+
+
+def _bundle_of(error, dump_dir):
+    """The error's bundle, verified; it must be the only one."""
+    assert error.bundle is not None, str(error)
+    assert _bundles(dump_dir) == [error.bundle]
+    bundle = load_bundle(error.bundle)
+    report = _strict_json(osp.join(error.bundle, 'report.json'))
+    # What the error carries is what was written.
+    assert report == to_strict_json(error.report)
+    assert str(error).rstrip().endswith(error.bundle)
+    assert error.report['summary'] in str(error)
+    return bundle, report
+
+
+def _model(runner):
+    return runner.model.module if is_model_wrapper(
+        runner.model) else runner.model
+
+
+# -- 1. degenerate GT box ----------------------------------------------------
+
+DEGENERATE = [
+    pytest.param('retinanet_voc', 'zero_size', marks=pytest.mark.mmdet,
+                 id='retinanet_voc-zero_size'),
+    pytest.param('rotated_retinanet', 'collinear', marks=pytest.mark.mmrotate,
+                 id='rotated_retinanet-collinear'),
+]
+
+
+def _position(runner, path):
+    """(iteration, index in its batch) of image ``path`` in the loader's
+    order (DOTADataset globs its annotation files, unsorted)."""
+    loader = runner.train_dataloader
+    paths = [osp.normpath(loader.dataset.get_data_info(i)['img_path'])
+             for i in range(len(loader.dataset))]
+    return divmod(paths.index(path), loader.batch_size)
+
+
+@pytest.mark.parametrize('name,defect', DEGENERATE)
+def test_degenerate_gt_box_names_the_image_and_writes_a_full_bundle(
+        tmp_path, name, defect):
+    runner, data = _runner(tmp_path, name, {3: defect})
+    bad_path = osp.join(data['img_dir'], data['defect_images'][0])
+    bad_iter, bad_index = _position(runner, bad_path)
+    error = _raises(runner)
+    assert (error.trigger, error.iter) == ('loss', bad_iter)
+    bundle, report = _bundle_of(error, tmp_path / 'dumps')
+
+    assert report['kind'] == 'data'
+    assert [(s['index'], osp.normpath(s['img_path']))
+            for s in report['samples']] == [(bad_index, bad_path)]
+    assert report['samples'][0]['problems']
+    assert bad_path in report['summary']
+    assert [s['index'] for s in report['batch_problems']] == [bad_index]
+    # The innocent sample is finite on its own and not blamed.
+    assert [(r['index'], r['result']) for r in report['sample_replays']] \
+        == [(i, 'nonfinite' if i == bad_index else 'finite')
+            for i in range(2)]
+    assert 'loss_bbox' in report['nonfinite_losses']
+    assert any('FilterAnnotations' in hint for hint in report['hints'])
+
+    manifest = _strict_json(osp.join(error.bundle, 'manifest.json'))
+    assert set(MANIFEST_KEYS) <= set(manifest)
+    assert manifest['format_version'] == 1
+    assert (manifest['iter'], manifest['epoch'], manifest['rank'],
+            manifest['world_size'], manifest['trigger']) == (bad_iter, 0, 0,
+                                                             1, 'loss')
+    assert manifest['losses']['loss_bbox'] in ('inf', 'nan')
+    assert 'loss_bbox' in manifest['nonfinite_losses']
+    assert manifest['grad_norm'] is None or isinstance(
+        manifest['grad_norm'], (float, str))
+    assert set(manifest['nonfinite_grads']) >= {'names', 'count'}
+    assert set(VERSION_KEYS) <= set(manifest['versions'])
+    assert manifest['versions']['torch'] == torch.__version__
+    names = {entry['name'] for entry in manifest['files']}
+    assert {'report.json', 'report.txt', 'history.json', 'history.png',
+            'data_batch.pth', 'model.pth', 'optimizer.pth', 'rng.pth'} \
+        <= names
+    with open(osp.join(error.bundle, 'history.png'), 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    # The raw batch as the hook saw it, with its image paths.
+    batch = bundle.load('data_batch')
+    assert osp.normpath(
+        batch['data_samples'][bad_index].img_path) == bad_path
+
+
+# -- 2. sqrt at 0, backward only ---------------------------------------------
+
+
+@pytest.mark.mmdet
+def test_sqrt_at_zero_in_a_custom_loss_names_the_sqrt_node(tmp_path):
+    _register_mmdet_modules()
+    runner, _ = _runner(
+        tmp_path, 'retinanet', max_iters=1,
+        **{'model.bbox_head.loss_bbox': dict(type='SqrtL1Loss')})
+    error = _raises(runner)
+    assert error.trigger == 'grad'
+    _, report = _bundle_of(error, tmp_path / 'dumps')
+    # Finite forward: only backward goes wrong, with Inf first (the NaN
+    # after it is what anomaly mode would name).
+    assert report['losses']['loss_bbox'] not in ('inf', '-inf', 'nan')
+    assert report['nonfinite_losses'] == []
+    assert report['kind'] == 'backward'
+    assert _is_op(report['op'], 'SqrtBackward')
+    assert report['backward']['inf'] > 0 and report['backward']['nan'] == 0
+    assert report['module'] == 'bbox_head.loss_bbox'
+    assert report['location'] == _line_of('sqrt')
+    assert report['batch_problems'] == []
+    assert any('clamp' in hint for hint in report['hints'])
+
+
+# -- 3. division by zero in forward ------------------------------------------
+
+
+@pytest.mark.mmdet
+def test_forward_division_by_zero_names_the_producer_not_its_parent(
+        tmp_path):
+    _register_mmdet_modules()
+    runner, _ = _runner(tmp_path, 'retinanet', tail='divide', max_iters=1)
+    error = _raises(runner)
+    assert error.trigger == 'loss'
+    _, report = _bundle_of(error, tmp_path / 'dumps')
+    assert report['kind'] == 'forward'
+    assert report['module'] == 'neck.tail'
+    assert report['forward']['module'] == 'neck.tail'
+    assert _is_op(report['op'], 'DivBackward')
+    assert report['location'] == _line_of('divide')
+    assert report['params'] == [] and report['batch_problems'] == []
+
+
+# -- 4. NaN weight -----------------------------------------------------------
+
+
+@pytest.mark.mmdet
+def test_nan_written_into_one_weight_is_a_params_finding(tmp_path):
+    # The head's last regression conv: no norm layer after it whose running
+    # stats the NaN could reach.
+    weight = 'bbox_head.retina_reg.weight'
+
+    def poison(runner, _):
+        with torch.no_grad():
+            dict(_model(runner).named_parameters())[weight].view(-1)[3] = \
+                float('nan')
+
+    runner, _ = _runner(tmp_path, 'retinanet',
+                        hooks=[_AtIter(poison, {1})])
+    error = _raises(runner)
+    assert error.iter == 1
+    _, report = _bundle_of(error, tmp_path / 'dumps')
+    assert report['kind'] == 'params'
+    assert report['params'] == [weight]
+    assert report['module'] == weight.rsplit('.', 1)[0]
+    assert weight in report['summary']
+
+
+# -- 5. in-place modification error in backward ------------------------------
+
+
+@pytest.mark.mmdet
+def test_inplace_error_propagates_with_a_bundle_naming_the_line(tmp_path):
+    _register_mmdet_modules()
+    runner, _ = _runner(tmp_path, 'retinanet', tail='inplace', max_iters=1)
+    error = _raises(runner, RuntimeError)
+    assert type(error) is RuntimeError  # the original type, not wrapped
+    assert 'inplace operation' in str(error)
+    bundles = _bundles(tmp_path / 'dumps')
+    assert len(bundles) == 1
+    notes = str(error) + ''.join(getattr(error, '__notes__', []))
+    assert bundles[0] in notes
+    load_bundle(bundles[0])
+    manifest = _strict_json(osp.join(bundles[0], 'manifest.json'))
+    assert manifest['trigger'] == 'exception'
+    assert manifest['exception'].startswith('RuntimeError')
+    report = _strict_json(osp.join(bundles[0], 'report.json'))
+    assert report['kind'] == 'exception'
+    assert report['exception']['type'] == 'RuntimeError'
+    assert report['exception']['phase'] == 'backward'
+    assert _is_op(report['op'], 'SigmoidBackward')
+    assert report['location'] == _line_of('sigmoid')
+    assert report['module'] == 'neck.tail'
+
+
+# -- 6. an RNG-dependent fault -----------------------------------------------
+
+
+def _seed(first_draw_drops, second_draw_drops=False):
+    """A torch seed whose first two ``torch.rand(())`` draws fall below /
+    above ``DROP_P`` as asked."""
+    for seed in range(10000):
+        gen = torch.Generator().manual_seed(seed)
+        draws = [float(torch.rand((), generator=gen)) for _ in range(2)]
+        if [d < DROP_P for d in draws] == [first_draw_drops,
+                                           second_draw_drops]:
+            return seed
+    raise AssertionError('no such seed')
+
+
+@pytest.mark.mmdet
+def test_rng_dependent_fault_reproduces_in_the_replay(tmp_path):
+    _register_mmdet_modules()
+    # The user's RNG state at iteration 1 drops the map in the first draw
+    # of the forward, not in the draw after it: a replay that did not put
+    # the RNG back would come out finite.
+    seeds = {0: _seed(False), 1: _seed(True, False)}
+    runner, _ = _runner(
+        tmp_path, 'retinanet', tail='drop', max_iters=2,
+        hooks=[_AtIter(lambda _, it: torch.manual_seed(seeds[it]), seeds)])
+    error = _raises(runner)
+    assert (error.trigger, error.iter) == ('loss', 1)
+    bundle, report = _bundle_of(error, tmp_path / 'dumps')
+    assert report['kind'] == 'forward'
+    assert report['module'] == 'neck.tail'
+    assert report['location'] == _line_of('drop')
+    # The bundle's RNG state is the one before that forward.
+    state = torch.get_rng_state()
+    try:
+        restore_rng(bundle.load('rng'))
+        assert float(torch.rand(())) < DROP_P
+    finally:
+        torch.set_rng_state(state)
+
+
+# -- 7. exploding learning rate ----------------------------------------------
+
+
+@pytest.mark.mmdet
+def test_exploding_learning_rate_is_caught_and_not_blamed_on_data(tmp_path):
+    runner, _ = _runner(tmp_path, 'retinanet', max_iters=6,
+                        **{'optim_wrapper.optimizer.lr': 1e4})
+    error = _raises(runner)
+    assert error.trigger in ('loss', 'grad')
+    assert error.iter >= 1  # the first step, from sane weights, is finite
+    _, report = _bundle_of(error, tmp_path / 'dumps')
+    # The data is clean: no sample may be blamed for it.
+    assert report['kind'] not in ('data', 'not_reproduced')
+    assert report['batch_problems'] == []
+    assert all(not s['problems'] for s in report['samples'])
+    if report['kind'] == 'params' or any(
+            'learning rate' in hint for hint in report['hints']):
+        assert any('clip_grad' in hint and 'warmup' in hint
+                   for hint in report['hints'])
+
+
+# -- 8. one-rank NaN under DDP -----------------------------------------------
+
+
+def _ddp_worker(out_dir):
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    rank = dist.get_rank()
+    from test_tier1_toy import make_runner
+    runner = make_runner(
+        out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
+        hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
+        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
+                                        device_ids=None)))
+    result = dict(raised=False)
+    try:
+        runner.train()
+    except NonFiniteError as exc:
+        result = dict(raised=True, iter=exc.iter, rank=exc.rank,
+                      bad_ranks=exc.bad_ranks, bundle=exc.bundle,
+                      kind=(exc.report or {}).get('kind'))
+    with open(osp.join(out_dir, 'rank%d.json' % rank), 'w') as f:
+        json.dump(result, f)
+
+
+@pytest.mark.ddp
+def test_one_rank_nan_under_ddp_only_the_culprit_writes_a_bundle(tmp_path):
+    cmd = [sys.executable] + _launcher() + [
+        '--nproc_per_node', '2', '--master_addr', '127.0.0.1',
+        '--master_port', str(_free_port()), __file__, str(tmp_path)
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, env=env, timeout=300)
+    log = proc.stdout.decode(errors='replace')
+    assert proc.returncode == 0, log[-5000:]
+    results = []
+    for rank in range(2):
+        with open(osp.join(str(tmp_path), 'rank%d.json' % rank)) as f:
+            results.append(json.load(f))
+    for rank, result in enumerate(results):
+        assert result['raised'], (rank, log[-5000:])
+        assert (result['iter'], result['rank'], result['bad_ranks']) == (
+            BAD_ITER, rank, [BAD_RANK])
+    culprit = results[BAD_RANK]
+    assert _bundles(tmp_path / 'dumps') == [culprit['bundle']]
+    assert results[1 - BAD_RANK]['bundle'] is None
+    manifest = load_bundle(culprit['bundle']).manifest
+    assert (manifest['rank'], manifest['world_size'], manifest['iter'],
+            manifest['bad_ranks']) == (BAD_RANK, 2, BAD_ITER, [BAD_RANK])
+    # The culprit replayed its own batch: the fault reproduced.
+    assert culprit['kind'] not in (None, 'not_reproduced')
+
+
+# -- 9. AMP: float16 range vs a real bug -------------------------------------
+
+needs_cpu_amp = pytest.mark.skipif(
+    compat.cpu_grad_scaler() is None,
+    reason='AMP on CPU needs a CPU GradScaler (torch >= 2.3); '
+    "AmpOptimWrapper itself requires a GPU, which this leg's torch lacks")
+
+
+@pytest.mark.mmdet
+@needs_cpu_amp
+def test_amp_real_bug_is_not_called_an_overflow(tmp_path):
+    # A zero-size box is non-finite in float32 too: the fp32 replay must
+    # not call it a range problem.
+    runner, data = _runner(
+        tmp_path, 'retinanet_voc', {3: 'zero_size'},
+        **{'optim_wrapper.type': 'CpuAmpOptimWrapper',
+           'optim_wrapper.loss_scale': 'dynamic'})
+    error = _raises(runner)
+    _, report = _bundle_of(error, tmp_path / 'dumps')
+    assert report['amp_dtype'] == 'bfloat16'
+    assert report['overflow'] is None
+    assert report['kind'] == 'data'
+    assert [s['index'] for s in report['samples']] == [1]
+
+
+@pytest.mark.mmdet
+@needs_cpu_amp
+@pytest.mark.skipif(
+    compat.autocast('cpu', torch.float16) is None,
+    reason='this torch cannot autocast to float16 on CPU')
+def test_amp_fp16_range_overflow_names_the_module(tmp_path):
+    _register_mmdet_modules()
+    runner, _ = _runner(
+        tmp_path, 'retinanet', tail='amplify', max_iters=1,
+        **{'optim_wrapper.type': 'CpuFp16AmpOptimWrapper',
+           'optim_wrapper.loss_scale': 'dynamic'})
+    error = _raises(runner)
+    assert error.trigger == 'loss'
+    _, report = _bundle_of(error, tmp_path / 'dumps')
+    assert report['amp_dtype'] == 'float16'
+    assert report['kind'] == 'overflow'
+    assert report['overflow']['module'] == 'neck.tail'
+    assert report['module'] == 'neck.tail'
+    assert report['location'] == _line_of('amplify')
+    assert report['overflow']['max_abs'] > torch.finfo(torch.float16).max
+    assert math.isfinite(report['overflow']['max_abs'])
+
+
+# -- 10. max_dumps -----------------------------------------------------------
+
+
+@pytest.mark.mmdet
+def test_max_dumps_keeps_the_newest_bundles(tmp_path):
+    # One zero-size box in each iteration: three triggers, all skipped.
+    runner, _ = _runner(
+        tmp_path, 'retinanet_voc', {1: 'zero_size', 3: 'zero_size',
+                                    5: 'zero_size'},
+        hook=dict(policy='skip', max_dumps=2, replay=False), max_iters=3,
+        num_images=6)
+    runner.train()
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 3
+    bundles = _bundles(tmp_path / 'dumps')
+    assert sorted(load_bundle(b).manifest['iter'] for b in bundles) == [1, 2]
+
+
+# -- 11. an unwritable dump_dir ----------------------------------------------
+
+
+@pytest.mark.mmdet
+@pytest.mark.parametrize('policy', ['skip', 'raise'])
+def test_unwritable_dump_dir_follows_the_policy_and_logs_why(tmp_path,
+                                                             policy):
+    blocker = tmp_path / 'not_a_dir'
+    blocker.write_text(u'a regular file')
+    dump_dir = str(blocker / 'dumps')
+    runner, _ = _runner(tmp_path, 'retinanet_voc', {1: 'zero_size'},
+                        hook=dict(policy=policy, dump_dir=dump_dir))
+    if policy == 'skip':
+        runner.train()
+        assert runner.iter == 2
+        assert runner.message_hub.get_scalar(
+            'train/nan_skipped').current() == 1
+    else:
+        error = _raises(runner)
+        assert error.bundle is None
+        assert error.report['kind'] == 'data'  # the diagnosis still ran
+        assert 'bundle:' not in str(error)
+    logs = glob.glob(osp.join(runner.log_dir, '*.log'))
+    assert len(logs) == 1
+    with open(logs[0]) as f:
+        log = f.read()
+    assert 'the bundle was NOT written to {}: '.format(dump_dir) in log
+    assert 'Not a directory' in log
+
+
+if __name__ == '__main__':
+    _ddp_worker(sys.argv[1])
+
+
+# -- 12. skip undoes what the failing forward wrote into buffers -------------
+
+
+@pytest.mark.mmdet
+@pytest.mark.parametrize('policy', ['skip', 'warn'])
+def test_skip_restores_running_statistics_the_failing_forward_wrote(
+        tmp_path, policy):
+    stats = {}
+
+    def poison_stem_input(runner, it):
+        # A NaN reaching the stem BN in train mode poisons its running
+        # statistics during the forward, before any optimizer step.
+        bn = _model(runner).backbone.bn1
+        stats['before'] = bn.running_mean.clone()
+        handle = _model(runner).backbone.conv1.register_forward_hook(
+            lambda module, args, out: out.fill_(float('nan')))
+        stats['handle'] = handle
+
+    def remove_poison(runner, it):
+        stats['handle'].remove()
+
+    runner, _ = _runner(
+        tmp_path, 'retinanet', hook=dict(policy=policy, replay=False,
+                                         max_dumps=0), max_iters=3,
+        hooks=[_AtIter(poison_stem_input, {1}), _AtIter(remove_poison, {2})])
+    runner.train()
+    running_mean = _model(runner).backbone.bn1.running_mean
+    if policy == 'skip':
+        # Iteration 1 never happened; iteration 2 updated finite statistics.
+        assert bool(torch.isfinite(running_mean).all())
+        assert not torch.equal(running_mean, stats['before'])
+    else:
+        # 'warn' steps as MMEngine would: the poison stays (the reason skip
+        # restores it).
+        assert not bool(torch.isfinite(running_mean).all())
