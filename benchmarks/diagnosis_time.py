@@ -27,7 +27,6 @@ Usage::
 """
 import argparse
 import datetime
-import importlib
 import os
 import os.path as osp
 import platform
@@ -36,12 +35,17 @@ import sys
 import tempfile
 import time
 
-# config -> (title, planted defect, packages it needs)
+import _models  # benchmarks/_models.py, next to this script
+
+# (key, title, planted defect, packages it needs, tiny config, name of the
+# testbed overrides)
 MODELS = [
     ('retinanet_voc', 'tiny RetinaNet (VOC, zero-size box)', 'zero_size',
-     ('mmdet', )),
+     ('mmdet', ), 'retinanet_voc', None),
+    ('retinanet_voc_r18', 'RetinaNet R18 widths, 256 px (VOC, zero-size box)',
+     'zero_size', ('mmdet', ), 'retinanet_voc', 'R18_WIDTHS'),
     ('rotated_retinanet', 'tiny rotated RetinaNet (DOTA, collinear polygon)',
-     'collinear', ('mmdet', 'mmrotate')),
+     'collinear', ('mmdet', 'mmrotate'), 'rotated_retinanet', None),
 ]
 
 
@@ -80,12 +84,13 @@ def _loader_order(cfg):
             for i in range(len(dataset))]
 
 
-def _run(name, defect, clean_iters, warmup, work_dir):
+def _run(name, overrides, defect, clean_iters, warmup, work_dir):
     """One run: clean iteration times, the failing iteration's span, its
     report and the bundle's size in bytes."""
     from mmengine.runner import Runner
 
     from mmnanhook import NonFiniteError, testbed
+    overrides = getattr(testbed, overrides) if overrides else {}
     batch = 2
     num_images = batch * (clean_iters + 1)
     root = osp.join(work_dir, 'data')
@@ -95,7 +100,7 @@ def _run(name, defect, clean_iters, warmup, work_dir):
     def config():
         cfg = testbed.tiny_config(name, data, osp.join(work_dir, 'run'),
                                   max_iters=clean_iters + 1,
-                                  log_level='WARNING')
+                                  log_level='WARNING', **overrides)
         cfg.custom_hooks = [hook]
         return cfg
 
@@ -123,16 +128,6 @@ def _run(name, defect, clean_iters, warmup, work_dir):
 
 def _du(path):
     return sum(osp.getsize(osp.join(path, f)) for f in os.listdir(path))
-
-
-def _available(modules):
-    try:
-        for module in modules:
-            importlib.import_module(module)
-        importlib.import_module('mmcv.ops')
-        return True
-    except Exception:  # noqa: BLE001 - not installed in this environment
-        return False
 
 
 def _fmt(values, digits=3):
@@ -166,13 +161,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     import mmnanhook  # noqa: F401 - registers NanDetectHook
-    models = [m for m in MODELS
-              if (args.models is None or m[0] in args.models)
-              and _available(m[3])]
-    if not models:
-        print('none of the requested models can run here (mmdet / mmrotate '
-              'with compiled mmcv ops are needed)', file=sys.stderr)
-        return 1
+    models = _models.select(MODELS, args.models, lambda m: m[3])
     work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_diag_')
     # The hook logs its diagnosis on the console: the table comes last.
     lines = [
@@ -189,12 +178,12 @@ def main(argv=None):
         'bundle + report / iter | replay / iter | bundle MB |',
         '| --- | --- | --- | --- | --- | --- | --- | --- |',
     ]
-    for name, title, defect, _ in models:
+    for key, title, defect, _, name, overrides in models:
         iters, totals, replays, sizes = [], [], [], []
         for repeat in range(args.repeats):
             times, failing, report, size = _run(
-                name, defect, args.clean_iters, args.warmup,
-                osp.join(work_root, name, str(repeat)))
+                name, overrides, defect, args.clean_iters, args.warmup,
+                osp.join(work_root, key, str(repeat)))
             iter_s = statistics.median(times)
             iters.append(iter_s)
             totals.append(failing - iter_s)

@@ -21,7 +21,6 @@ Usage::
 """
 import argparse
 import datetime
-import importlib
 import os
 import os.path as osp
 import platform
@@ -31,6 +30,8 @@ import sys
 import tempfile
 import threading
 import time
+
+import _models  # benchmarks/_models.py, next to this script
 
 # Longest wait for a turn, in seconds: a stuck runner ends the run.
 _TURN_TIMEOUT_S = 600
@@ -46,9 +47,15 @@ VARIANTS = [
      [dict(type='NanDetectHook', anomaly='always')]),
 ]
 
+# (key, title, packages needed, tiny config, name of the testbed overrides)
 MODELS = [
-    ('retinanet', 'tiny RetinaNet', ('mmdet', )),
-    ('rotated_retinanet', 'tiny rotated RetinaNet', ('mmdet', 'mmrotate')),
+    ('retinanet', 'tiny RetinaNet', ('mmdet', ), 'retinanet', None),
+    # The same detector at ResNet-18 widths: how the fixed per-iteration
+    # cost shrinks relative to a model dominated by compute.
+    ('retinanet_r18', 'RetinaNet R18 widths, 256 px', ('mmdet', ), 'retinanet',
+     'R18_WIDTHS'),
+    ('rotated_retinanet', 'tiny rotated RetinaNet', ('mmdet', 'mmrotate'),
+     'rotated_retinanet', None),
 ]
 
 
@@ -135,11 +142,12 @@ def _timing_hooks(turns, index, times):
     return [start, End()]
 
 
-def _run_model(name, iters, warmup, work_root, repeat):
+def _run_model(name, config, overrides, iters, warmup, work_root, repeat):
     from mmengine.runner import Runner
 
     from mmnanhook import testbed
-    data = testbed.make_dataset(name, osp.join(work_root, name, 'data'),
+    overrides = getattr(testbed, overrides) if overrides else {}
+    data = testbed.make_dataset(config, osp.join(work_root, name, 'data'),
                                 num_images=16)
     turns = _Turns(len(VARIANTS))
     times = [[] for _ in VARIANTS]
@@ -152,10 +160,11 @@ def _run_model(name, iters, warmup, work_root, repeat):
         # At the configs' lr the tiny detectors diverge after a few dozen
         # iterations; an iteration costs the same at any lr.
         cfg = testbed.tiny_config(
-            name, data, osp.join(work_root, name, str(repeat), str(index)),
+            config, data, osp.join(work_root, name, str(repeat), str(index)),
             max_iters=warmup + iters, log_level='WARNING',
-            **{'optim_wrapper.optimizer.lr': 1e-4,
-               'train_dataloader.sampler.type': 'InfiniteSampler'})
+            **dict(overrides, **{
+                'optim_wrapper.optimizer.lr': 1e-4,
+                'train_dataloader.sampler.type': 'InfiniteSampler'}))
         cfg.default_hooks.logger = dict(type='LoggerHook', interval=50)
         cfg.custom_hooks = list(VARIANTS[index][1])
         runner = Runner.from_cfg(cfg)
@@ -179,16 +188,6 @@ def _run_model(name, iters, warmup, work_root, repeat):
     if errors:
         raise errors[0]
     return [t[warmup:] for t in times]
-
-
-def _available(modules):
-    try:
-        for module in modules:
-            importlib.import_module(module)
-        importlib.import_module('mmcv.ops')
-        return True
-    except Exception:  # noqa: BLE001 - not installed in this environment
-        return False
 
 
 def _machine():
@@ -223,13 +222,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
 
     import mmnanhook  # noqa: F401 - registers NanDetectHook
-    models = [m for m in MODELS
-              if (args.models is None or m[0] in args.models)
-              and _available(m[2])]
-    if not models:
-        print('none of the requested models can run here (mmdet / mmrotate '
-              'with compiled mmcv ops are needed)', file=sys.stderr)
-        return 1
+    models = _models.select(MODELS, args.models, lambda m: m[2])
     work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_bench_')
     print('# mmnanhook overhead, %s' %
           datetime.date.today().isoformat())
@@ -241,9 +234,10 @@ def main(argv=None):
           't_variant / t_plain [min, max over repeats]\n')
     print('| model | variant | median s/iter | ratio to plain |')
     print('| --- | --- | --- | --- |')
-    for name, title, _ in models:
+    for name, title, _, config, overrides in models:
         runs = [
-            _run_model(name, args.iters, args.warmup, work_root, repeat)
+            _run_model(name, config, overrides, args.iters, args.warmup,
+                       work_root, repeat)
             for repeat in range(args.repeats)
         ]
         for index, (label, _) in enumerate(VARIANTS):

@@ -14,7 +14,6 @@ import json
 import math
 import os
 import os.path as osp
-import subprocess
 import sys
 
 import pytest
@@ -31,8 +30,7 @@ from mmnanhook.bundle import load_bundle, to_strict_json
 from mmnanhook.rng import restore_rng
 from test_diagnosis import _is_op
 from test_tier1_amp import CpuAmpOptimWrapper
-from test_tier1_ddp import BAD_ITER, BAD_RANK, BAD_SAMPLE, _free_port, \
-    _launcher
+from test_tier1_ddp import BAD_ITER, BAD_RANK, BAD_SAMPLE, run_two_ranks
 
 MANIFEST_KEYS = ('format_version', 'iter', 'epoch', 'rank', 'world_size',
                  'trigger', 'losses', 'nonfinite_losses', 'grad_norm',
@@ -497,19 +495,7 @@ def _ddp_worker(out_dir):
 
 @pytest.mark.ddp
 def test_one_rank_nan_under_ddp_only_the_culprit_writes_a_bundle(tmp_path):
-    cmd = [sys.executable] + _launcher() + [
-        '--nproc_per_node', '2', '--master_addr', '127.0.0.1',
-        '--master_port', str(_free_port()), __file__, str(tmp_path)
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, env=env, timeout=300)
-    log = proc.stdout.decode(errors='replace')
-    assert proc.returncode == 0, log[-5000:]
-    results = []
-    for rank in range(2):
-        with open(osp.join(str(tmp_path), 'rank%d.json' % rank)) as f:
-            results.append(json.load(f))
+    results, log = run_two_ranks(__file__, tmp_path)
     for rank, result in enumerate(results):
         assert result['raised'], (rank, log[-5000:])
         assert (result['iter'], result['rank'], result['bad_ranks']) == (

@@ -56,23 +56,29 @@ def _launcher():
         return ['-m', 'torch.distributed.run']
     return ['-m', 'torch.distributed.launch', '--use_env']  # torch < 1.9
 
-
-@pytest.mark.ddp
-def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
+def run_two_ranks(script, out_dir):
+    """Start ``script out_dir`` on 2 ranks over gloo with torch's launcher;
+    return the ``rank<r>.json`` results of the ranks and the launcher log.
+    A hang (one rank waiting in a collective) ends in TimeoutExpired."""
     cmd = [sys.executable] + _launcher() + [
         '--nproc_per_node', '2', '--master_addr', '127.0.0.1',
-        '--master_port', str(_free_port()), __file__, str(tmp_path)
+        '--master_port', str(_free_port()), script, str(out_dir)
     ]
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    # A hang (one rank waiting in a collective) ends in TimeoutExpired.
     proc = subprocess.run(cmd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, env=env, timeout=300)
     log = proc.stdout.decode(errors='replace')
     assert proc.returncode == 0, log[-5000:]
     results = []
     for rank in range(2):
-        with open(osp.join(str(tmp_path), 'rank%d.json' % rank)) as f:
+        with open(osp.join(str(out_dir), 'rank%d.json' % rank)) as f:
             results.append(json.load(f))
+    return results, log
+
+
+@pytest.mark.ddp
+def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
+    results, log = run_two_ranks(__file__, tmp_path)
     for rank, result in enumerate(results):
         assert result['raised'], (rank, log[-5000:])
         assert result['trigger'] == 'loss'
