@@ -18,7 +18,8 @@ if "$py" -c "import mmcv, mmcv.ops, sys; sys.exit(mmcv.__version__ != '$mmcv')" 
     exit 0
 fi
 if ! ls "$cache"/mmcv-"$mmcv"-*.whl >/dev/null 2>&1; then
-    jobs=$(nproc 2>/dev/null || echo 2)
+    # --all: plain nproc honours OMP_NUM_THREADS, which the Makefile sets to 1.
+    jobs=$(nproc --all 2>/dev/null || echo 2)
     echo "[mmcv] no cached wheel for py$pyver torch$torchver mmcv$mmcv"
     echo "[mmcv] compiling mmcv $mmcv with CPU ops (MAX_JOBS=$jobs): this happens ONCE per machine"
     echo "[mmcv] and takes ~6-30 min on 2 cores; the wheel is then cached in $cache"
@@ -35,9 +36,10 @@ if ! ls "$cache"/mmcv-"$mmcv"-*.whl >/dev/null 2>&1; then
     beat=$!
     trap 'kill $beat 2>/dev/null || true' EXIT
     # mmcv's setup.py needs pkg_resources (setuptools<70) while torch>=2.6
-    # requires setuptools>=77: put an old setuptools first on the build's path
+    # requires setuptools>=77: put an old setuptools (with wheel, for
+    # bdist_wheel, and ninja, for parallel compiles) first on the build's path
     # instead of downgrading the venv's.
-    "$py" -m pip install -q --disable-pip-version-check --target "$tmp/setuptools" 'setuptools<70' ninja
+    "$py" -m pip install -q --disable-pip-version-check --target "$tmp/setuptools" 'setuptools<70' wheel ninja
     if ! PYTHONPATH="$tmp/setuptools" PATH="$tmp/setuptools/bin:$PATH" \
             MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=$jobs "$py" -m pip wheel -v --no-deps \
             --no-build-isolation --no-binary mmcv -w "$tmp" "mmcv==$mmcv" >"$log" 2>&1; then
