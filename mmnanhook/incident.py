@@ -6,6 +6,7 @@ import logging
 import os.path as osp
 import time
 
+import torch
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
@@ -26,7 +27,6 @@ def _amp_dtype(optim_wrapper):
                [optim_wrapper])
     for member in members:
         if isinstance(member, AmpOptimWrapper):
-            import torch
             return getattr(member, 'cast_dtype', None) or torch.float16
     return None
 
@@ -111,11 +111,24 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         manifest = to_strict_json(_manifest(runner, event, amp_dtype))
         path = write_bundle(
             dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
-            tensors, {CONFIG_FILE: runner.cfg.pretty_text,
+            tensors, {CONFIG_FILE: _config_text(runner.cfg),
                       'report.txt': text + '\n'},
             to_strict_json(report), history_records, max_dumps=max_dumps)
     return dict(bundle=path, summary=report.get('summary'), report=report,
                 seconds=time.time() - start)
+
+
+def _config_text(cfg):
+    # pretty_text runs yapf, which rejects some valid configs: a plain
+    # ``key = repr(value)`` listing still rebuilds the model.
+    try:
+        return cfg.pretty_text
+    except Exception as error:  # noqa: BLE001 - never lose the bundle
+        print_log('mmnanhook: config.py written unformatted ({}: {})'.format(
+            type(error).__name__, error), logger='current',
+            level=logging.WARNING)
+        return '\n'.join('{} = {!r}'.format(key, value)
+                         for key, value in cfg.to_dict().items()) + '\n'
 
 
 def default_dump_dir(runner):

@@ -39,7 +39,8 @@ if ! ls "$cache"/mmcv-"$mmcv"-*.whl >/dev/null 2>&1; then
     # requires setuptools>=77: put an old setuptools (with wheel, for
     # bdist_wheel, and ninja, for parallel compiles) first on the build's path
     # instead of downgrading the venv's.
-    "$py" -m pip install -q --disable-pip-version-check --target "$tmp/setuptools" 'setuptools<70' wheel ninja
+    "$py" -m pip install -q --disable-pip-version-check --no-warn-conflicts \
+        --target "$tmp/setuptools" 'setuptools<70' wheel ninja
     if ! PYTHONPATH="$tmp/setuptools" PATH="$tmp/setuptools/bin:$PATH" \
             MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=$jobs "$py" -m pip wheel -v --no-deps \
             --no-build-isolation --no-binary mmcv -w "$tmp" "mmcv==$mmcv" >"$log" 2>&1; then
