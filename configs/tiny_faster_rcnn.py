@@ -2,30 +2,18 @@
 # compiled mmcv ops: nms on the RPN proposals and RoIAlign in the RoI head.
 # Narrow ResNet-18 layout, 4-level FPN of 32 channels, few proposals and
 # samples, no pretrained weights.
-_base_ = ['./_base_/tiny_coco.py']
+_base_ = ['./_base_/tiny_coco.py', './_base_/tiny_model.py']
 default_scope = 'mmdet'
 
 model = dict(
     type='FasterRCNN',
-    data_preprocessor=dict(
-        type='DetDataPreprocessor',
-        mean=[123.675, 116.28, 103.53],
-        std=[58.395, 57.12, 57.375],
-        bgr_to_rgb=True,
-        pad_size_divisor=32),
-    backbone=dict(
-        type='ResNet',
-        depth=18,
-        base_channels=16,
-        num_stages=4,
-        out_indices=(0, 1, 2, 3),
-        frozen_stages=-1,
-        norm_cfg=dict(type='BN', requires_grad=True),
-        norm_eval=False,
-        style='pytorch',
-        init_cfg=None),
+    # Four FPN levels from all four stages: RPN anchors down to stride 4.
+    backbone=dict(out_indices=(0, 1, 2, 3)),
     neck=dict(
-        type='FPN', in_channels=[16, 32, 64, 128], out_channels=32,
+        _delete_=True,
+        type='mmdet.FPN',
+        in_channels=[16, 32, 64, 128],
+        out_channels=32,
         num_outs=4),
     rpn_head=dict(
         type='RPNHead',

@@ -1,35 +1,10 @@
-# Tiny RetinaNet for CPU tests: ResNet-18 layout at a quarter of its width
-# (base_channels=16), a 3-level FPN of 32 channels, one stacked conv in the
-# head, no pretrained weights (init_cfg=None downloads nothing).
-_base_ = ['./_base_/tiny_coco.py']
+# Tiny RetinaNet for CPU tests: the shared tiny backbone and FPN
+# (_base_/tiny_model.py) and one stacked conv in the head.
+_base_ = ['./_base_/tiny_coco.py', './_base_/tiny_model.py']
 default_scope = 'mmdet'
 
 model = dict(
     type='RetinaNet',
-    data_preprocessor=dict(
-        type='DetDataPreprocessor',
-        mean=[123.675, 116.28, 103.53],
-        std=[58.395, 57.12, 57.375],
-        bgr_to_rgb=True,
-        pad_size_divisor=32),
-    backbone=dict(
-        type='ResNet',
-        depth=18,
-        base_channels=16,
-        num_stages=4,
-        out_indices=(1, 2, 3),
-        frozen_stages=-1,
-        norm_cfg=dict(type='BN', requires_grad=True),
-        norm_eval=False,
-        style='pytorch',
-        init_cfg=None),
-    neck=dict(
-        type='FPN',
-        in_channels=[32, 64, 128],
-        out_channels=32,
-        start_level=0,
-        add_extra_convs='on_input',
-        num_outs=3),
     bbox_head=dict(
         type='RetinaHead',
         num_classes=2,

@@ -3,7 +3,7 @@
 # rotated-retinanet-rbox-le90_r50_fpn_1x_dota model at tiny width: training
 # assigns anchors with RBboxOverlaps2D, i.e. compiled mmcv box_iou_rotated,
 # and encodes targets with the rotated delta coder. No pretrained weights.
-_base_ = ['./_base_/tiny_runtime.py']
+_base_ = ['./_base_/tiny_runtime.py', './_base_/tiny_model.py']
 default_scope = 'mmrotate'
 angle_version = 'le90'
 
@@ -35,31 +35,7 @@ optim_wrapper = dict(
 
 model = dict(
     type='mmdet.RetinaNet',
-    data_preprocessor=dict(
-        type='mmdet.DetDataPreprocessor',
-        mean=[123.675, 116.28, 103.53],
-        std=[58.395, 57.12, 57.375],
-        bgr_to_rgb=True,
-        pad_size_divisor=32,
-        boxtype2tensor=False),
-    backbone=dict(
-        type='mmdet.ResNet',
-        depth=18,
-        base_channels=16,
-        num_stages=4,
-        out_indices=(1, 2, 3),
-        frozen_stages=-1,
-        norm_cfg=dict(type='BN', requires_grad=True),
-        norm_eval=False,
-        style='pytorch',
-        init_cfg=None),
-    neck=dict(
-        type='mmdet.FPN',
-        in_channels=[32, 64, 128],
-        out_channels=32,
-        start_level=0,
-        add_extra_convs='on_input',
-        num_outs=3),
+    data_preprocessor=dict(boxtype2tensor=False),
     bbox_head=dict(
         type='mmdet.RetinaHead',
         num_classes=15,
