@@ -128,6 +128,6 @@ def plot_history(records, path, fail_iter=None):
                          _TITLES[field], fail_iter)
         axes[-1, 0].set_xlabel('iteration')
     # Fixed margins instead of tight_layout(), which lays out every text twice.
-    figure.subplots_adjust(left=0.1, right=0.98, top=0.97, bottom=0.08,
+    figure.subplots_adjust(left=0.12, right=0.98, top=0.97, bottom=0.08,
                            hspace=0.15)
     figure.savefig(path, format='png', dpi=100)
