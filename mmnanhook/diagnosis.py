@@ -464,7 +464,7 @@ def _fill_location(report, main, watch):
 
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
-             logger=None):
+             logger=None, anomaly=True):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -486,6 +486,9 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             dict, scanned for non-finite entries.
         logger (logging.Logger, optional): Where progress goes; the current
             MMLogger by default.
+        anomaly (bool): Run the main replay under anomaly mode, for the
+            forward traceback of the failing backward node (the hook's
+            ``anomaly='never'`` turns it off).
 
     Returns:
         dict: The report (see :func:`mmnanhook.report.new_report`), with
@@ -515,11 +518,12 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             PreservedModelState(model) as state:
         session = _Session(model, data_batch, restore_rng, state,
                            replay_dtype)
-        log('mmnanhook: replaying the failing iteration with anomaly mode, '
-            'module and autograd-node instrumentation')
+        log('mmnanhook: replaying the failing iteration with {}module and '
+            'autograd-node instrumentation'.format(
+                'anomaly mode, ' if anomaly else ''))
         watch = ForwardWatch(model, claim_nodes=True)
         main = session.run(forward_ctx=watch, watch_backward=True,
-                           anomaly=True)
+                           anomaly=anomaly)
         for key in ('losses', 'nonfinite_losses', 'grad_norm',
                     'nonfinite_grads', 'nonfinite_grad_count'):
             report[key] = getattr(main, key)

@@ -58,9 +58,10 @@ class NanDetectHook(Hook):
     Args:
         anomaly (str | int): ``'on_trigger'`` (default: anomaly mode off in
             train iterations; the tier-2 replay uses it), ``'always'``,
-            ``'never'``, or an int N: on for the first N train iterations of
-            the run, then ``'on_trigger'``. Anomaly mode is set only around
-            train iterations and restored afterwards.
+            ``'never'`` (not even in the replay), or an int N: on for the
+            first N train iterations of the run, then ``'on_trigger'``.
+            Anomaly mode is set only around train iterations and restored
+            afterwards.
         policy (str): What a trigger does: ``'raise'`` (default) a
             :class:`~mmnanhook.NonFiniteError`; ``'skip'`` the update step
             (parameters and optimizer state unchanged, gradients zeroed);
@@ -315,7 +316,8 @@ class NanDetectHook(Hook):
             runner, event, data_batch, rng_state, history,
             dump_dir=self.dump_dir or default_dump_dir(runner),
             max_dumps=self.max_dumps, replay=self.replay,
-            dump_optimizer=self.dump_optimizer)
+            dump_optimizer=self.dump_optimizer,
+            anomaly=self.anomaly != 'never')
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %
                           result['seconds'])
         return result

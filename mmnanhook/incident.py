@@ -59,7 +59,8 @@ def _manifest(runner, event, amp_dtype):
 
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
-                    dump_dir, max_dumps, replay, dump_optimizer):
+                    dump_dir, max_dumps, replay, dump_optimizer,
+                    anomaly=True):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -72,6 +73,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         max_dumps (int): Bundles kept per rank; 0 writes none.
         replay (bool): Run the replay diagnosis.
         dump_optimizer (bool): Put the optimizer state in the bundle.
+        anomaly (bool): Use anomaly mode in the replay.
 
     Returns:
         dict: ``bundle`` (path or None), ``summary``, ``report``, and
@@ -89,7 +91,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 restore_rng=functools.partial(restore_rng, rng_state),
                 amp_dtype=amp_dtype,
                 angle_range=angle_range_from_config(runner.cfg),
-                optimizer_state=optim_state)
+                optimizer_state=optim_state, anomaly=anomaly)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             print_log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logger='current',

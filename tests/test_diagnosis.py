@@ -380,6 +380,29 @@ def test_anomaly_mode_left_on_by_the_caller_stays_on():
         compat.set_detect_anomaly(False)
 
 
+class _AnomalyProbe(nn.Module):
+    """An L1 loss that notes whether anomaly mode was on in its forward."""
+
+    def __init__(self):
+        super(_AnomalyProbe, self).__init__()
+        self.seen = []
+
+    def forward(self, pred, target):
+        self.seen.append(torch.is_anomaly_enabled())
+        return (pred - target).abs().mean() * float('nan')
+
+
+@pytest.mark.parametrize('anomaly', [True, False])
+def test_main_replay_uses_anomaly_mode_unless_turned_off(anomaly):
+    probe = _AnomalyProbe()
+    report = diagnose(_Toy(loss_fn=probe), _batch(), check_samples=False,
+                      anomaly=anomaly)
+    assert report['kind'] != 'not_reproduced'
+    # The first replay is the main, instrumented one.
+    assert probe.seen[0] is anomaly
+    assert not torch.is_anomaly_enabled()
+
+
 class _Amplifier(BaseModel):
 
     def __init__(self):
