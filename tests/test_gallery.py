@@ -5,8 +5,6 @@ small module of this file registered in mmdet's ``MODELS``, a weight, the
 learning rate, the RNG), trains it on a real Runner with ``NanDetectHook``,
 and checks what the bundle and the diagnosis say against what was planted.
 Expected source lines are found in this file by a marker comment.
-
-Run as a script, this file is the DDP worker the launcher starts.
 """
 import contextlib
 import glob
@@ -14,7 +12,6 @@ import json
 import math
 import os
 import os.path as osp
-import sys
 
 import pytest
 import torch
@@ -30,7 +27,8 @@ from mmnanhook.bundle import load_bundle, to_strict_json
 from mmnanhook.rng import restore_rng
 from test_diagnosis import _is_op
 from test_tier1_amp import CpuAmpOptimWrapper
-from test_tier1_ddp import BAD_ITER, BAD_RANK, BAD_SAMPLE, run_two_ranks
+import test_tier1_ddp
+from test_tier1_ddp import BAD_ITER, BAD_RANK, run_two_ranks
 
 MANIFEST_KEYS = ('format_version', 'iter', 'epoch', 'rank', 'world_size',
                  'trigger', 'losses', 'nonfinite_losses', 'grad_norm',
@@ -471,31 +469,10 @@ def test_exploding_learning_rate_is_caught_and_not_blamed_on_data(tmp_path):
 # -- 8. one-rank NaN under DDP -----------------------------------------------
 
 
-def _ddp_worker(out_dir):
-    import torch.distributed as dist
-    dist.init_process_group('gloo')
-    rank = dist.get_rank()
-    from test_tier1_toy import make_runner
-    runner = make_runner(
-        out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
-        hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
-        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
-        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
-                                        device_ids=None)))
-    result = dict(raised=False)
-    try:
-        runner.train()
-    except NonFiniteError as exc:
-        result = dict(raised=True, iter=exc.iter, rank=exc.rank,
-                      bad_ranks=exc.bad_ranks, bundle=exc.bundle,
-                      kind=(exc.report or {}).get('kind'))
-    with open(osp.join(out_dir, 'rank%d.json' % rank), 'w') as f:
-        json.dump(result, f)
-
-
 @pytest.mark.ddp
 def test_one_rank_nan_under_ddp_only_the_culprit_writes_a_bundle(tmp_path):
-    results, log = run_two_ranks(__file__, tmp_path)
+    # The tier-1 DDP worker: rank 1 alone sees a non-finite loss.
+    results, log = run_two_ranks(test_tier1_ddp.__file__, tmp_path)
     for rank, result in enumerate(results):
         assert result['raised'], (rank, log[-5000:])
         assert (result['iter'], result['rank'], result['bad_ranks']) == (
@@ -604,9 +581,6 @@ def test_unwritable_dump_dir_follows_the_policy_and_logs_why(tmp_path,
     assert 'the bundle was NOT written to {}: '.format(dump_dir) in log
     assert 'Not a directory' in log
 
-
-if __name__ == '__main__':
-    _ddp_worker(sys.argv[1])
 
 
 # -- 12. skip undoes what the failing forward wrote into buffers -------------

@@ -30,8 +30,8 @@ def _worker(out_dir):
     from mmnanhook import NonFiniteError
     runner = make_runner(
         out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
-        hook=dict(type='NanDetectHook'), launcher='pytorch',
-        env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
+        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
         cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
                                         device_ids=None)))
     result = dict(raised=False)
@@ -40,7 +40,8 @@ def _worker(out_dir):
     except NonFiniteError as exc:
         result = dict(raised=True, trigger=exc.trigger, iter=exc.iter,
                       rank=exc.rank, bad_ranks=exc.bad_ranks,
-                      message=str(exc))
+                      message=str(exc), bundle=exc.bundle,
+                      kind=(exc.report or {}).get('kind'))
     with open(osp.join(out_dir, 'rank%d.json' % rank), 'w') as f:
         json.dump(result, f)
 
