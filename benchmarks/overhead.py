@@ -1,7 +1,9 @@
-"""Per-iteration overhead of NanDetectHook on the tiny real detectors (CPU).
+"""Per-iteration overhead of NanDetectHook on real detectors (CPU).
 
-Each variant trains its own real Runner on the same tiny config, data and
-seed; the runners run in threads that take turns, one train iteration at a
+Models: the tiny test-bed detectors, and mmdet's own RetinaNet R50 config as
+shipped in the installed package (its LinearLR + MultiStepLR schedule, its
+pipeline and sampler, at 320 px; see :mod:`mmnanhook.zoo`). Each variant
+trains its own real Runner on the same config, data and seed; the runners run in threads that take turns, one train iteration at a
 time, in a random order drawn afresh every round, so iteration k of every
 variant runs under the same machine conditions. Only one runner computes at a
 time (data loading included), and the timed span is ``before_train_iter`` to
@@ -47,15 +49,53 @@ VARIANTS = [
      [dict(type='NanDetectHook', anomaly='always')]),
 ]
 
-# (key, title, packages needed, tiny config, name of the testbed overrides)
+def _tiny(config, overrides=None):
+    """A tiny test-bed detector config, for ``iters`` iterations."""
+
+    def build(work_dir, data_dir, iters):
+        from mmnanhook import testbed
+        data = testbed.make_dataset(config, data_dir, num_images=16)
+        extra = getattr(testbed, overrides) if overrides else {}
+        # At the configs' lr the tiny detectors diverge after a few dozen
+        # iterations; an iteration costs the same at any lr.
+        cfg = testbed.tiny_config(
+            config, data, work_dir, max_iters=iters, log_level='WARNING',
+            **dict(extra, **{
+                'optim_wrapper.optimizer.lr': 1e-4,
+                'train_dataloader.sampler.type': 'InfiniteSampler'}))
+        return cfg
+
+    return build
+
+
+def _zoo(name):
+    """A config shipped in the model zoo, with enough epochs for ``iters``."""
+
+    def build(work_dir, data_dir, iters):
+        from mmnanhook import zoo
+        data = zoo.make_zoo_dataset(name, data_dir, num_images=16)
+        per_epoch = 16 // 2
+        cfg = zoo.child_config(name, data, work_dir,
+                               length=-(-iters // per_epoch))
+        cfg.log_level = 'WARNING'
+        # No checkpoint per epoch (outside the timed span, but slow).
+        cfg.default_hooks.checkpoint = None
+        return cfg
+
+    return build
+
+
+# (key, title, packages needed, config builder)
 MODELS = [
-    ('retinanet', 'tiny RetinaNet', ('mmdet', ), 'retinanet', None),
+    ('retinanet', 'tiny RetinaNet', ('mmdet', ), _tiny('retinanet')),
     # The same detector at ResNet-18 widths: how the fixed per-iteration
     # cost shrinks relative to a model dominated by compute.
-    ('retinanet_r18', 'RetinaNet R18 widths, 256 px', ('mmdet', ), 'retinanet',
-     'R18_WIDTHS'),
+    ('retinanet_r18', 'RetinaNet R18 widths, 256 px', ('mmdet', ),
+     _tiny('retinanet', 'R18_WIDTHS')),
     ('rotated_retinanet', 'tiny rotated RetinaNet', ('mmdet', 'mmrotate'),
-     'rotated_retinanet', None),
+     _tiny('rotated_retinanet')),
+    ('zoo_retinanet_r50', 'zoo RetinaNet R50-FPN 1x (its schedule), 320 px',
+     ('mmdet', ), _zoo('retinanet_r50')),
 ]
 
 
@@ -142,31 +182,22 @@ def _timing_hooks(turns, index, times):
     return [start, End()]
 
 
-def _run_model(name, config, overrides, iters, warmup, work_root, repeat):
+def _run_model(name, build, iters, warmup, work_root, repeat, variants):
     from mmengine.runner import Runner
 
-    from mmnanhook import testbed
-    overrides = getattr(testbed, overrides) if overrides else {}
-    data = testbed.make_dataset(config, osp.join(work_root, name, 'data'),
-                                num_images=16)
-    turns = _Turns(len(VARIANTS))
-    times = [[] for _ in VARIANTS]
+    turns = _Turns(len(variants))
+    times = [[] for _ in variants]
     runners = []
     # Built in a different order each repeat: where a runner's memory lands
     # shifts its speed by a percent or two, whatever variant it runs.
-    build_order = list(range(len(VARIANTS)))
+    build_order = list(range(len(variants)))
     random.Random(repeat).shuffle(build_order)
     for index in build_order:
-        # At the configs' lr the tiny detectors diverge after a few dozen
-        # iterations; an iteration costs the same at any lr.
-        cfg = testbed.tiny_config(
-            config, data, osp.join(work_root, name, str(repeat), str(index)),
-            max_iters=warmup + iters, log_level='WARNING',
-            **dict(overrides, **{
-                'optim_wrapper.optimizer.lr': 1e-4,
-                'train_dataloader.sampler.type': 'InfiniteSampler'}))
+        cfg = build(osp.join(work_root, name, str(repeat), str(index)),
+                    osp.join(work_root, name, 'data'), warmup + iters)
         cfg.default_hooks.logger = dict(type='LoggerHook', interval=50)
-        cfg.custom_hooks = list(VARIANTS[index][1])
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + list(
+            variants[index][1])
         runner = Runner.from_cfg(cfg)
         for hook in _timing_hooks(turns, index, times[index]):
             runner.register_hook(hook)
@@ -210,6 +241,9 @@ def main(argv=None):
     parser.add_argument('--models', nargs='+',
                         choices=[m[0] for m in MODELS],
                         help='default: every model whose packages import')
+    parser.add_argument('--variants', nargs='+', type=int,
+                        help='indices into the variant list (default all; '
+                        'plain and its copy always run)')
     parser.add_argument('--threads', type=int,
                         help='torch intra-op threads (default: torch\'s '
                         'choice); 1 gives the steadiest timings')
@@ -223,6 +257,8 @@ def main(argv=None):
 
     import mmnanhook  # noqa: F401 - registers NanDetectHook
     models = _models.select(MODELS, args.models, lambda m: m[2])
+    variants = VARIANTS if not args.variants else VARIANTS[:2] + [
+        VARIANTS[i] for i in args.variants if i >= 2]
     work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_bench_')
     print('# mmnanhook overhead, %s' %
           datetime.date.today().isoformat())
@@ -234,13 +270,13 @@ def main(argv=None):
           't_variant / t_plain [min, max over repeats]\n')
     print('| model | variant | median s/iter | ratio to plain |')
     print('| --- | --- | --- | --- |')
-    for name, title, _, config, overrides in models:
+    for name, title, _, build in models:
         runs = [
-            _run_model(name, config, overrides, args.iters, args.warmup,
-                       work_root, repeat)
+            _run_model(name, build, args.iters, args.warmup, work_root,
+                       repeat, variants)
             for repeat in range(args.repeats)
         ]
-        for index, (label, _) in enumerate(VARIANTS):
+        for index, (label, _) in enumerate(variants):
             ratios = [
                 statistics.median(a / b for a, b in zip(run[index], run[0]))
                 for run in runs

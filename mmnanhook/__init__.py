@@ -1,17 +1,19 @@
 """mmnanhook: NaN/Inf debugger for MMEngine-based training.
 
 Importing the package registers ``NanDetectHook`` in mmengine's root
-``HOOKS`` and the ``NanDetect*OptimWrapper`` classes in its root
-``OPTIM_WRAPPERS``, so every downstream scope (mmdet, mmrotate) finds them.
+``HOOKS``, the ``NanDetect*OptimWrapper`` classes in its root
+``OPTIM_WRAPPERS`` and ``NanDetectRunner`` in its root ``RUNNERS``, so every
+downstream scope (mmdet, mmrotate, mmpretrain, mmseg) finds them.
 """
-from .errors import BundleError, NonFiniteError
+from .errors import BundleError, CheckBypassedError, NonFiniteError
 from .hook import NanDetectHook
-from .optim_wrapper import (NanDetectAmpOptimWrapper, NanDetectOptimWrapper,
-                            install_nan_detect)
+from .runner import NanDetectRunner
+from .sentinel import (NanDetectAmpOptimWrapper, NanDetectOptimWrapper,
+                       install_nan_detect)
 from .version import __version__
 
 __all__ = [
-    'BundleError', 'NanDetectAmpOptimWrapper', 'NanDetectHook',
-    'NanDetectOptimWrapper', 'NonFiniteError', '__version__',
-    'install_nan_detect'
+    'BundleError', 'CheckBypassedError', 'NanDetectAmpOptimWrapper',
+    'NanDetectHook', 'NanDetectOptimWrapper', 'NanDetectRunner',
+    'NonFiniteError', '__version__', 'install_nan_detect'
 ]

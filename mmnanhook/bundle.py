@@ -30,7 +30,8 @@ from mmengine.logging import print_log
 
 from .compat import distribution_version, torch_load
 from .errors import BundleError
-from .history import plot_history
+from ._format import one_line as _one_line
+from .sentinel import plot_history
 from .version import __version__
 
 FORMAT_VERSION = 1
@@ -426,10 +427,6 @@ def _plot(records, path, fail_iter, log):
             os.remove(path)
         log('mmnanhook: history.png is left out of the bundle: {}: {}'.format(
             type(error).__name__, error), logging.WARNING)
-
-
-def _one_line(message):
-    return ' '.join(str(message).split())
 
 
 class Bundle(object):

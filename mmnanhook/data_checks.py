@@ -180,6 +180,7 @@ def _side_problem(index, name, value):
 
 # Stable phrases of the problem sentences, by category (see problem_category).
 _CATEGORIES = (
+    ('size_mismatch', 'the annotation declares the image '),
     ('nonfinite_input', 'input has '),
     ('nonfinite_box', 'non-finite coordinates'),
     ('degenerate', ('zero ', 'negative ', 'near-zero ')),
@@ -195,8 +196,9 @@ def problem_category(problem):
         problem (str): One entry of a sample's ``problems``.
 
     Returns:
-        str | None: ``'nonfinite_input'``, ``'nonfinite_box'``,
-        ``'degenerate'``, ``'outside'``, ``'angle'`` or ``None``.
+        str | None: ``'size_mismatch'``, ``'nonfinite_input'``,
+        ``'nonfinite_box'``, ``'degenerate'``, ``'outside'``, ``'angle'`` or
+        ``None``.
     """
     for category, phrases in _CATEGORIES:
         if isinstance(phrases, str):
@@ -287,7 +289,88 @@ def _per_sample_inputs(inputs, n):
     return [[] for _ in range(n)]
 
 
-def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE):
+def size_mismatch_problem(declared, sample):
+    """The problem of an annotation that declares another image size.
+
+    Datasets drop boxes outside the *declared* size at load time, and the
+    pipeline clips to the image as loaded: a box beyond the real border
+    passes the first and is clipped, often to zero size, by the second. A
+    wrong export, or an EXIF orientation the loader applied, does that.
+
+    Args:
+        declared (tuple[int, int], optional): ``(width, height)`` the
+            annotation gives.
+        sample: The data sample; its ``ori_shape`` is the loaded image's.
+
+    Returns:
+        str | None: The problem, or ``None`` when the sizes agree.
+    """
+    shape = _metainfo(sample).get('ori_shape')
+    if declared is None or shape is None or len(shape) < 2:
+        return None
+    height, width = int(shape[0]), int(shape[1])
+    dw, dh = int(declared[0]), int(declared[1])
+    if (dw, dh) == (width, height):
+        return None
+    text = ('the annotation declares the image {}x{} (width x height) but '
+            'the file is {}x{} as loaded (ori_shape): boxes beyond its real '
+            'border passed the dataset\'s filter and the pipeline clipped '
+            'them'.format(dw, dh, width, height))
+    if (dw, dh) == (height, width):
+        text += ('; the declared size is the file\'s turned by 90 degrees: '
+                 'an EXIF orientation the image loader applied')
+    return text
+
+
+def declared_sizes(dataset, data_batch):
+    """The ``(width, height)`` the annotations declare for a batch's images.
+
+    Looked up by ``img_path`` in the dataset's data infos (through dataset
+    wrappers such as ``RepeatDataset``), failure path only: it may read
+    every data info once.
+
+    Args:
+        dataset: The train dataset (an mmengine ``BaseDataset``).
+        data_batch (dict): The batch.
+
+    Returns:
+        list: One ``(width, height)`` or ``None`` per sample.
+    """
+    samples = (data_batch or {}).get('data_samples') or []
+    wanted = {sample_img_path(s): i for i, s in enumerate(samples)}
+    sizes = [None] * len(samples)
+    while dataset is not None and not hasattr(dataset, 'get_data_info'):
+        dataset = getattr(dataset, 'dataset', None)
+    wanted.pop(None, None)
+    if dataset is None or not wanted:
+        return sizes
+    for index in range(len(dataset)):
+        info = dataset.get_data_info(index)
+        i = wanted.pop(str(info.get('img_path')), None)
+        if i is not None:
+            sizes[i] = declared_size(dataset, info)
+        if not wanted:
+            break
+    return sizes
+
+
+def declared_size(dataset, info):
+    """``(width, height)`` a data info declares, or ``None``.
+
+    A size every info shares from the dataset's own ``img_shape`` setting
+    (mmrotate's ``DOTADataset``) is a placeholder, not a declaration.
+    """
+    width, height = info.get('width'), info.get('height')
+    if width is None or height is None:
+        return None
+    placeholder = getattr(dataset, 'img_shape', None)
+    if placeholder is not None and tuple(placeholder)[:2] == (height, width):
+        return None
+    return int(width), int(height)
+
+
+def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE,
+                declared=None):
     """Check every sample of a batch for non-finite inputs and bad GT boxes.
 
     Args:
@@ -297,6 +380,9 @@ def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE):
         angle_range (tuple[float, float], optional): Allowed rotated-box
             angles in radians.
         min_size (float): Box sides at or below this are degenerate.
+        declared (list, optional): Per sample, the ``(width, height)`` its
+            annotation declares (:func:`declared_sizes`); a mismatch with
+            the image as loaded is the sample's first problem.
 
     Returns:
         list[dict]: ``{'index', 'img_path', 'problems'}`` for every sample
@@ -311,8 +397,12 @@ def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE):
         samples = [None] * n
     inputs = _per_sample_inputs(data_batch.get('inputs'), n)
     results = []
+    declared = list(declared or []) + [None] * n
     for i, sample in enumerate(samples):
         problems = []
+        mismatch = size_mismatch_problem(declared[i], sample)
+        if mismatch:
+            problems.append(mismatch)
         for tensor in inputs[i]:
             problem = _nonfinite_problem(tensor, 'input')
             if problem:

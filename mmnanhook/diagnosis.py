@@ -32,8 +32,8 @@ import torch
 from mmengine.logging import print_log
 
 from . import compat
-from .checks import (GradNorms, describe_losses, is_anomaly_nan_error,
-                     loss_terms)
+from ._anomaly import is_anomaly_nan_error
+from .sentinel import GradNorms, describe_losses, loss_terms
 from .data_checks import batch_size, check_batch, problem_category, split_batch
 from .instrument import (BackwardWatch, ForwardWatch, LineLocator,
                          PreservedModelState, anomaly_mode, first_nonfinite,
@@ -464,7 +464,7 @@ def _fill_location(report, main, watch):
 
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
-             logger=None, anomaly=True):
+             logger=None, anomaly=True, declared=None):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -489,6 +489,9 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
         anomaly (bool): Run the main replay under anomaly mode, for the
             forward traceback of the failing backward node (the hook's
             ``anomaly='never'`` turns it off).
+        declared (list, optional): Per sample, the ``(width, height)`` its
+            annotation declares (see
+            :func:`mmnanhook.data_checks.declared_sizes`).
 
     Returns:
         dict: The report (see :func:`mmnanhook.report.new_report`), with
@@ -511,7 +514,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             'autocast({}) is not available on {} with torch {}: replayed in '
             'float32 only'.format(report['amp_dtype'], device_type,
                                   torch.__version__))
-    samples = check_batch(data_batch, angle_range)
+    samples = check_batch(data_batch, angle_range, declared=declared)
     report['batch_problems'] = [s for s in samples if s['problems']]
     _scan_state(report, model, optimizer_state)
     with preserved_rng(), torch.enable_grad(), \
@@ -533,6 +536,11 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
                 "torch {} cannot turn off anomaly mode's NaN check: backward "
                 'stopped at the first NaN, so the gradients are '
                 'incomplete'.format(torch.__version__))
+        if (main.error is not None and main.error['phase'] == 'forward'
+                and watch.producer is not None):
+            # A forward that raised after making non-finite values: those
+            # are the likely cause (e.g. a matcher given a NaN cost matrix).
+            report['forward'] = _forward_detail(watch.producer, None)
         if main.error is None and main.nonfinite:
             if replay_dtype is not None:
                 log('mmnanhook: replaying in float32 to compare')

@@ -28,3 +28,11 @@ class NonFiniteError(FloatingPointError):
 
 class BundleError(Exception):
     """A bundle is missing, corrupt, partial, foreign or of unknown format."""
+
+
+class CheckBypassedError(RuntimeError):
+    """The optimizer changed the weights without mmnanhook's check running.
+
+    Raised by ``NanDetectHook`` at the first iteration where that happens, so
+    that training never goes on while the log claims it is protected.
+    """

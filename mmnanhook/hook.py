@@ -1,58 +1,45 @@
 """``NanDetectHook``: the MMEngine entry point of mmnanhook.
 
-``custom_hooks = [dict(type='NanDetectHook')]`` is all a config needs. In
-``before_train`` the hook installs the checks of
-:mod:`mmnanhook.optim_wrapper` into the optim wrapper the runner built and
-wraps the model's ``train_step`` (anomaly mode around exactly the train
-iteration) and ``parse_losses`` (so a trigger can name the loss term); all of
-it is undone in ``after_train`` or when a train step raises.
+``default_hooks = dict(nan_detect=dict(type='mmnanhook.NanDetectHook'))`` is
+all a config needs. In ``before_train`` the hook binds the checks of
+:mod:`mmnanhook.sentinel` onto the optim wrapper the runner built (after the
+param schedulers wrapped its ``step``) and wraps the model's ``train_step``
+(anomaly mode around exactly the train iteration, the bypass guard around
+the update) and ``parse_losses`` (so a trigger can name the loss term); all
+of it is undone in ``after_train`` or when a train step raises.
 """
-import collections
 import functools
 import logging
-import os
+import traceback
 
 import torch
+from mmengine.dist import get_dist_info
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
-from . import checks, compat
-from .history import History
+from . import compat
+from .errors import CheckBypassedError, NonFiniteError
 from .incident import default_dump_dir, handle_incident
-from .optim_wrapper import install_nan_detect, validate_options
-from .rng import capture_rng
-
-ANOMALY_MODES = ('on_trigger', 'always', 'never')
-
-
-def _is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool)
+from .options import (CheckOptions, check_anomaly, check_bool, check_count,
+                      check_path, is_count)
+from .records import NonFiniteEvent, Trigger
+from .sentinel import (BufferSnapshot, BypassGuard, History, Listener,
+                       StepContext, StepMemory, answer_text,
+                       install_nan_detect, loss_terms)
 
 
-def _check_anomaly(anomaly):
-    if anomaly in ANOMALY_MODES:
-        return
-    if not _is_count(anomaly) or anomaly < 0:
-        raise ValueError(
-            'anomaly must be one of %s or an int >= 0 (anomaly mode on for '
-            'that many train iterations), got %r' %
-            (', '.join(map(repr, ANOMALY_MODES)), anomaly))
+def _unwrap(model):
+    return model.module if is_model_wrapper(model) else model
 
 
-def _check_count(name, value, minimum):
-    if not _is_count(value) or value < minimum:
-        raise ValueError('%s must be an int >= %d, got %r' %
-                         (name, minimum, value))
-
-
-def _check_bool(name, value):
-    if not isinstance(value, bool):
-        raise ValueError('%s must be True or False, got %r' % (name, value))
+def _is_out_of_memory(exc):
+    # Replaying an out-of-memory forward only runs out of memory again.
+    return 'out of memory' in str(exc).lower()
 
 
 @HOOKS.register_module()
-class NanDetectHook(Hook):
+class NanDetectHook(Hook, Listener):
     """Stop every non-finite loss or gradient before the optimizer step.
 
     Args:
@@ -106,17 +93,14 @@ class NanDetectHook(Hook):
                  replay=True,
                  history=200,
                  dump_optimizer=True):
-        _check_anomaly(anomaly)
-        self.options = validate_options(policy, max_skips, min_loss_scale,
-                                        max_overflow_skips)
-        if dump_dir is not None and not isinstance(dump_dir,
-                                                   (str, os.PathLike)):
-            raise ValueError('dump_dir must be a path or None, got %r' %
-                             (dump_dir, ))
-        _check_count('max_dumps', max_dumps, 0)
-        _check_bool('replay', replay)
-        _check_count('history', history, 0)
-        _check_bool('dump_optimizer', dump_optimizer)
+        check_anomaly(anomaly)
+        self.check_options = CheckOptions(policy, max_skips, min_loss_scale,
+                                          max_overflow_skips)
+        check_path('dump_dir', dump_dir)
+        check_count('max_dumps', max_dumps, 0)
+        check_bool('replay', replay)
+        check_count('history', history, 0)
+        check_bool('dump_optimizer', dump_optimizer)
         self.anomaly = anomaly
         self.dump_dir = dump_dir
         self.max_dumps = max_dumps
@@ -124,15 +108,14 @@ class NanDetectHook(Hook):
         self.history = history
         self.dump_optimizer = dump_optimizer
         self._handle = None
+        self._guard = None
+        self._verified = False
         self._patches = []
         self._parsed = None
         self._train_iters = 0
-        # iter -> (raw batch, RNG state before its forward) of the micro-steps
-        # since the last update step: the bad loss may be an earlier one's.
-        self._steps = collections.OrderedDict()
-        self._max_steps = 1
+        self._memory = StepMemory()
         self._history = History(maxlen=history)
-        self._buffers = []
+        self._buffers = None
         self._runner = None
         self._logger = None
 
@@ -140,24 +123,26 @@ class NanDetectHook(Hook):
 
     def before_train(self, runner):
         self._restore()
+        opts = self.check_options
         self._handle = install_nan_detect(
             runner.optim_wrapper, listener=self,
-            message_hub=runner.message_hub, **self.options)
+            message_hub=runner.message_hub, policy=opts.policy,
+            max_skips=opts.max_skips, min_loss_scale=opts.min_loss_scale,
+            max_overflow_skips=opts.max_overflow_skips)
+        self._guard = BypassGuard(self._handle)
+        self._verified = False
         self._train_iters = 0
         model = runner.model
         self._patch(model, 'train_step',
                     self._wrap_train_step(runner, model.train_step))
-        module = model.module if is_model_wrapper(model) else model
+        module = _unwrap(model)
         self._patch(module, 'parse_losses',
                     self._wrap_parse_losses(module.parse_losses))
-        self._max_steps = max(
-            getattr(w, '_accumulative_counts', 1) for w in self._handle.wrappers)
+        self._memory = StepMemory(max(
+            getattr(w, '_accumulative_counts', 1)
+            for w in self._handle.wrappers))
         self._runner = runner
         self._logger = runner.logger
-        self._logger.info(
-            'mmnanhook: checking %s (policy=%r, anomaly=%r)' %
-            (', '.join(type(w).__name__ for w in self._handle.wrappers),
-             self.options['policy'], self.anomaly))
 
     def after_train(self, runner):
         self._restore()
@@ -179,16 +164,17 @@ class NanDetectHook(Hook):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+        self._guard = None
         self._parsed = None
-        self._steps.clear()
-        self._buffers = []
+        self._memory.clear()
+        self._buffers = None
 
     # -- per iteration -----------------------------------------------------
 
     def _anomaly_enabled(self):
         if self.anomaly == 'always':
             return True
-        if _is_count(self.anomaly):
+        if is_count(self.anomaly):
             return self._train_iters < self.anomaly
         return False
 
@@ -200,17 +186,21 @@ class NanDetectHook(Hook):
             data_batch: The batch as the dataloader produced it (kept by
                 reference: ``train_step`` does not mutate it).
         """
-        self._steps[runner.iter] = (data_batch, capture_rng())
-        while len(self._steps) > self._max_steps:
-            self._steps.popitem(last=False)
-        if (self.options['policy'] == 'skip'
-                and runner.iter % self._max_steps == 0):
-            # A skipped step must also undo what the forward wrote into
-            # buffers (BN running statistics): only 'skip' pays for the copy.
-            model = runner.model
-            module = model.module if is_model_wrapper(model) else model
-            self._buffers = [(b, b.detach().clone())
-                             for b in module.buffers()]
+        self._memory.keep(runner.iter, data_batch)
+        if (self.check_options.policy == 'skip'
+                and runner.iter % self._memory.window == 0):
+            self._buffers = BufferSnapshot(_unwrap(runner.model))
+
+    def _after_step(self, runner):
+        if not self._guard.verify(runner.iter) or self._verified:
+            return
+        # Said only now that a check has really run for an update step.
+        self._verified = True
+        self._logger.info(
+            'mmnanhook: checking %s (policy=%r, anomaly=%r): the check ran '
+            'for the update step of iter %d' %
+            (', '.join(type(w).__name__ for w in self._handle.wrappers),
+             self.check_options.policy, self.anomaly, runner.iter))
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):
@@ -237,7 +227,25 @@ class NanDetectHook(Hook):
             try:
                 self._before_step(runner,
                                   args[0] if args else kwargs.get('data'))
-                return train_step(*args, **kwargs)
+                self._guard.start()
+                records = self._records()
+                outputs = train_step(*args, **kwargs)
+                self._after_step(runner)
+                return outputs
+            except (NonFiniteError, CheckBypassedError):
+                self._restore()
+                raise
+            except Exception as exc:
+                try:
+                    # Raised before any backward: the forward failed.
+                    if (self._records() == records
+                            and self._forward_failed(runner, exc)):
+                        return {}
+                except BaseException:
+                    self._restore()
+                    raise
+                self._restore()
+                raise
             except BaseException:
                 # The loop ends here: nothing calls after_train.
                 self._restore()
@@ -249,62 +257,93 @@ class NanDetectHook(Hook):
 
         return nan_detect_train_step
 
+    def _records(self):
+        return sum(s.check.records for s in self._handle.sentinels)
+
+    def _forward_failed(self, runner, exc):
+        """Diagnose a train step whose forward raised.
+
+        A forward that raises *because* it made non-finite values (a DETR
+        matcher handed a NaN cost matrix, an assertion on box coordinates)
+        is a trigger like a non-finite loss, and the policy applies: 'skip'
+        drops the step, 'raise' raises :class:`NonFiniteError` (the original
+        exception is its context), 'warn' lets the original propagate. Any
+        other exception propagates unchanged, with the diagnosis attached.
+
+        Returns:
+            bool: True when the step was skipped.
+        """
+        if not self.replay or _is_out_of_memory(exc):
+            return False
+        rank, world_size = get_dist_info()
+        context = StepContext(runner.iter, runner.epoch)
+        event = NonFiniteEvent(
+            Trigger.EXCEPTION, '%s raised in forward at %s: %s' % (
+                type(exc).__name__, context.where(rank, world_size), exc),
+            iter=runner.iter, epoch=runner.epoch, rank=rank,
+            world_size=world_size,
+            exception='%s: %s' % (type(exc).__name__, exc))
+        answer = self.on_nonfinite(event) or {}
+        report = answer.get('report') or {}
+        extra = answer_text(answer)
+        if report.get('forward') is None:
+            if extra:
+                compat.add_exception_note(exc, extra)
+            return False
+        # The frames' locals hold the failed forward's activations.
+        traceback.clear_frames(exc.__traceback__)
+        check = self._handle.sentinels[0].check
+        if not check.resolve(event, answer):
+            if self._buffers is not None:
+                self._buffers.restore()
+            for wrapper in self._handle.wrappers:
+                wrapper.zero_grad()
+            runner.message_hub.update_scalar('train/nan_skipped',
+                                             check.skipped)
+            return True
+        if extra:
+            compat.add_exception_note(exc, extra)
+        return False
+
     def _wrap_parse_losses(self, parse_losses):
 
         @functools.wraps(parse_losses)
         def nan_detect_parse_losses(*args, **kwargs):
             loss, log_vars = parse_losses(*args, **kwargs)
-            self._parsed = (loss, checks.loss_terms(log_vars))
+            self._parsed = (loss, loss_terms(log_vars))
             return loss, log_vars
 
         return nan_detect_parse_losses
 
-    # -- listener interface of the optim wrapper ---------------------------
+    # -- the Listener interface of the optim wrappers' sentinels -----------
 
     def loss_terms(self, loss):
-        """The loss terms ``parse_losses`` produced for ``loss``, if it did.
-
-        Args:
-            loss (torch.Tensor): The loss handed to ``update_params``.
-
-        Returns:
-            dict | None: name -> detached tensor.
-        """
         parsed, self._parsed = self._parsed, None
         if parsed is None or parsed[0] is not loss:
             return None
         return parsed[1]
 
     def on_nonfinite(self, event):
-        """Called by the optim wrapper on a trigger, before the policy acts.
-
-        Args:
-            event (NonFiniteEvent): What was non-finite.
-
-        Returns:
-            dict | None: ``bundle`` / ``summary`` / ``report`` to add to the
-            error.
-        """
         message = event.message
         if event.forward_traceback:
             message += ('\nForward call that caused it (anomaly mode):\n' +
                         event.forward_traceback)
-        quiet = event.trigger != 'exception' and self.options['policy'] in (
-            'skip', 'warn')
+        policy = self.check_options.policy
+        quiet = event.trigger != 'exception' and policy in ('skip', 'warn')
         self._logger.log(logging.WARNING if quiet else logging.ERROR,
                          'mmnanhook: ' + message)
-        if self.options['policy'] == 'skip' and event.trigger != 'exception':
-            self._restore_buffers()
+        if (policy == 'skip' and event.trigger != 'exception'
+                and self._buffers is not None):
+            self._buffers.restore()
         if event.bad_ranks and event.rank not in event.bad_ranks:
             # The culprit rank(s) replay their own batch and write the bundle.
             return None
         if not self.replay and not self.max_dumps:
             return None
-        fail_iter = (event.bad_loss_iters or [event.iter])[0]
-        data_batch, rng_state = self._steps.get(fail_iter, (None, None))
+        data_batch, rng_state = self._memory.get(event.fail_iter)
         if data_batch is None:
             self._logger.error('mmnanhook: no batch kept for iteration %s: '
-                               'no replay and no bundle' % (fail_iter, ))
+                               'no replay and no bundle' % (event.fail_iter, ))
             return None
         runner = self._runner
         history = self._history.records()
@@ -321,8 +360,3 @@ class NanDetectHook(Hook):
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %
                           result['seconds'])
         return result
-
-    def _restore_buffers(self):
-        with torch.no_grad():
-            for buffer, saved in self._buffers:
-                buffer.copy_(saved)

@@ -12,11 +12,11 @@ from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
 from .bundle import bundle_name, to_strict_json, write_bundle
-from .data_checks import angle_range_from_config
+from .data_checks import angle_range_from_config, declared_sizes
 from .diagnosis import diagnose
 from .replay import CONFIG_FILE, amp_dtype_name
 from .report import format_report, new_report
-from .rng import restore_rng
+from .sentinel import restore_rng
 
 
 def _amp_dtype(optim_wrapper):
@@ -38,13 +38,26 @@ def _unreplayed_report(summary):
     return report
 
 
-def _manifest(runner, event, amp_dtype):
+def _declared_sizes(runner, data_batch):
+    # What the annotations say the batch's image sizes are; the bundle keeps
+    # it, as a replay has no dataset to ask.
+    try:
+        return declared_sizes(runner.train_dataloader.dataset, data_batch)
+    except Exception as error:  # noqa: BLE001 - a missing detail only
+        print_log('mmnanhook: declared image sizes unknown ({}: {})'.format(
+            type(error).__name__, error), logger='current',
+            level=logging.WARNING)
+        return None
+
+
+def _manifest(runner, event, amp_dtype, declared):
     return dict(
+        declared_sizes=declared,
         iter=event.iter if event.iter is not None else runner.iter,
         epoch=runner.epoch,
         rank=event.rank,
         world_size=event.world_size,
-        trigger=event.trigger,
+        trigger=event.trigger.value,
         bad_ranks=event.bad_ranks,
         losses=event.losses,
         nonfinite_losses=event.nonfinite_losses,
@@ -54,8 +67,7 @@ def _manifest(runner, event, amp_dtype):
         loss_scale=event.loss_scale,
         amp_dtype=amp_dtype_name(amp_dtype),
         message=event.message,
-        exception=None if event.exception is None else '{}: {}'.format(
-            type(event.exception).__name__, event.exception))
+        exception=event.exception)
 
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
@@ -84,6 +96,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         runner.model) else runner.model
     amp_dtype = _amp_dtype(runner.optim_wrapper)
     optim_state = runner.optim_wrapper.state_dict()
+    declared = _declared_sizes(runner, data_batch)
     if replay:
         try:
             report = diagnose(
@@ -91,7 +104,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 restore_rng=functools.partial(restore_rng, rng_state),
                 amp_dtype=amp_dtype,
                 angle_range=angle_range_from_config(runner.cfg),
-                optimizer_state=optim_state, anomaly=anomaly)
+                optimizer_state=optim_state, anomaly=anomaly,
+                declared=declared)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             print_log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logger='current',
@@ -110,7 +124,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                        rng=rng_state)
         if dump_optimizer:
             tensors['optimizer'] = optim_state
-        manifest = to_strict_json(_manifest(runner, event, amp_dtype))
+        manifest = to_strict_json(_manifest(runner, event, amp_dtype,
+                                            declared))
         path = write_bundle(
             dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
             tensors, {CONFIG_FILE: _config_text(runner.cfg),

@@ -37,7 +37,8 @@ import mmengine
 import numpy as np
 import torch
 
-from . import compat, rng
+from . import compat
+from .sentinel import capture_rng, restore_rng
 
 # Frames in these directories are not "user code": the location of a fault
 # is the innermost frame outside them.
@@ -260,7 +261,7 @@ def anomaly_mode():
     Where torch allows it (>= 1.13) the NaN check is off:
     :class:`BackwardWatch` finds non-finite gradients itself, and backward
     should run to the end.  Older torch always checks (see
-    :func:`mmnanhook.checks.is_anomaly_nan_error`); the node hooks have run
+    :func:`mmnanhook._anomaly.is_anomaly_nan_error`); the node hooks have run
     by the time it raises.  Other warnings raised in the block are
     re-emitted once each on exit.
 
@@ -671,11 +672,11 @@ class LineLocator(_Patches):
 @contextlib.contextmanager
 def preserved_rng():
     """Put every RNG (torch CPU and CUDA, numpy, python) back on exit."""
-    state = rng.capture_rng()
+    state = capture_rng()
     try:
         yield
     finally:
-        rng.restore_rng(state)
+        restore_rng(state)
 
 
 class PreservedModelState(object):

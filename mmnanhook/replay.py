@@ -8,7 +8,7 @@ from .bundle import load_bundle
 from .data_checks import angle_range_from_config
 from .diagnosis import diagnose
 from .errors import BundleError
-from .rng import restore_rng
+from .sentinel import restore_rng
 
 CONFIG_FILE = 'config.py'
 
@@ -86,5 +86,6 @@ def replay_bundle(path, device='cpu', fp32=False):
         amp_dtype=amp_dtype,
         angle_range=angle_range_from_config(cfg),
         optimizer_state=bundle.load('optimizer')
-        if bundle.has('optimizer') else None)
+        if bundle.has('optimizer') else None,
+        declared=bundle.manifest.get('declared_sizes'))
     return bundle, report

@@ -8,7 +8,7 @@ JSON.
 """
 import math
 
-from .checks import format_names, format_value
+from ._format import format_names, format_value
 from .data_checks import problem_category
 
 FORMAT_VERSION = 1
@@ -155,10 +155,14 @@ def _symptom(report):
 
 def _first_problem_text(samples):
     for sample in samples:
-        if sample['problems']:
+        problems = sample['problems']
+        if problems:
             path = sample['img_path'] or 'no img_path'
-            return 'sample {} ({}): {}'.format(sample['index'], path,
-                                               sample['problems'][0])
+            text = problems[0]
+            if problem_category(text) == 'size_mismatch' and len(problems) > 1:
+                # The root cause, then what it did to the boxes.
+                text += '; so ' + problems[1]
+            return 'sample {} ({}): {}'.format(sample['index'], path, text)
     return None
 
 
@@ -190,8 +194,15 @@ def summarize(report):
                 where += ' created ' + _where(report, with_op=False)
         else:
             where = '{} {}'.format(exc.get('phase'), _where(report))
-        return '{} in {}: {}'.format(exc.get('type'), where,
+        text = '{} in {}: {}'.format(exc.get('type'), where,
                                      _first_line(exc.get('message')))
+        forward = report['forward']
+        if forward is not None:
+            text += '; before it, the forward made {} first in module ' \
+                "'{}' at {} ({})".format(_nonfinite_kind(forward),
+                                        forward['module'],
+                                        forward['location'], forward['op'])
+        return text
     if kind == 'overflow':
         over = report['overflow'] or {}
         text = '{} only under autocast({}), finite in float32'.format(
@@ -249,6 +260,15 @@ def _data_hints(report):
         categories.update(problem_category(p) for p in sample['problems'])
     paths = [s['img_path'] for s in samples if s['problems'] and s['img_path']]
     where = ' (images: {})'.format(_names(paths)) if paths else ''
+    if 'size_mismatch' in categories:
+        hints.append(
+            'The annotation declares other image sizes than the files have, '
+            'so boxes beyond the real border survive the dataset filter and '
+            "are clipped by the pipeline: fix the sizes (or the boxes) in the "
+            'annotation file' + where + '. If the annotations were made on '
+            'the raw pixels of images with an EXIF orientation, load them '
+            "unrotated: `dict(type='LoadImageFromFile', "
+            "color_type='color_ignore_orientation')`.")
     if 'degenerate' in categories:
         hints.append(
             'Drop degenerate GT boxes before they reach the box coder '

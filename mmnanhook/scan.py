@@ -1,14 +1,12 @@
 """Pre-flight scan: run a config's train dataset pipeline over the whole
-dataset and list the samples whose ground truth would poison the loss."""
-from .data_checks import angle_range_from_config, check_batch
+dataset and list the samples whose ground truth would poison the loss, and
+the images whose annotation declares another size than the file has."""
+from ._format import one_line as _one_line
+from .data_checks import angle_range_from_config, check_batch, declared_size
 
 
 class ScanError(Exception):
     """The config cannot be loaded or its train dataset cannot be built."""
-
-
-def _one_line(text):
-    return ' '.join(str(text).split())
 
 
 def _build_dataset(config_path):
@@ -27,25 +25,27 @@ def _build_dataset(config_path):
     return dataset, angle_range_from_config(cfg)
 
 
-def _img_path(dataset, index):
-    # mmengine's BaseDataset knows a sample's image without running the
-    # pipeline; a plain torch Dataset does not.
+def _data_info(dataset, index):
+    # mmengine's BaseDataset knows a sample's image and declared size
+    # without running the pipeline; a plain torch Dataset does not.
     get_info = getattr(dataset, 'get_data_info', None)
     info = get_info(index) if get_info is not None else None
-    return info.get('img_path') if isinstance(info, dict) else None
+    return info if isinstance(info, dict) else {}
 
 
 def _check_sample(dataset, index, angle_range):
     """``{'index', 'img_path', 'problems'}`` of one sample."""
+    info = _data_info(dataset, index)
     try:
         item = dataset[index]
     except Exception as error:  # noqa: BLE001 - it would stop training too
-        return {'index': index, 'img_path': _img_path(dataset, index),
+        return {'index': index, 'img_path': info.get('img_path'),
                 'problems': [_one_line('the pipeline failed: {}: {}'.format(
                     type(error).__name__, error))]}
     batch = {'inputs': [item['inputs']],
              'data_samples': [item['data_samples']]}
-    result = check_batch(batch, angle_range=angle_range)[0]
+    result = check_batch(batch, angle_range=angle_range,
+                         declared=[declared_size(dataset, info)])[0]
     result['index'] = index
     return result
 

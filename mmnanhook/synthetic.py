@@ -22,6 +22,11 @@ Defect kinds (``defects`` maps an image index to one of them):
 * ``'tiny'``: a 1x1 pixel box; valid, but below common minimum-size filters.
 * ``'inverted'`` (COCO/VOC): a box whose max corner is left of / above its min
   corner (negative width and height), as swapped annotation fields give.
+* ``'size_mismatch'`` (COCO/VOC): the annotation declares the image twice as
+  wide as the file, and a valid box lies right of the file's border but
+  inside the declared width, as a wrong export or an EXIF rotation the
+  loader applies give. The loader keeps the box (it checks the declared
+  size); ``Resize`` clips it to the real border, to zero width.
 * ``'collinear'`` (DOTA): a NaN-free polygon whose four points lie on one
   line; its minimum-area rotated box has zero height.
 
@@ -36,7 +41,7 @@ from xml.etree import ElementTree
 import cv2
 import numpy as np
 
-HBOX_DEFECTS = ('zero_size', 'outside', 'tiny', 'inverted')
+HBOX_DEFECTS = ('zero_size', 'outside', 'tiny', 'inverted', 'size_mismatch')
 DOTA_DEFECTS = ('zero_size', 'outside', 'tiny', 'collinear')
 
 # Relative layout of each format; the tiny configs under configs/ use the same.
@@ -103,6 +108,9 @@ def _defect_hbox(rng, size, kind):
         return (size + 4, size + 4, size + 4 + size // 4, size + 4 + size // 4)
     if kind == 'tiny':
         return (x, y, x + 1, y + 1)
+    if kind == 'size_mismatch':
+        return (size + size // 8, y, size + size // 8 + size // 4,
+                min(y + size // 4, size))
     # 'inverted': the corners of a valid box, written max-first.
     return (min(x + size // 4, size), min(y + size // 4, size), x, y)
 
@@ -205,7 +213,7 @@ def _result(root, classes, images, defect_list, **paths):
 
 
 def make_coco_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
-                      classes=('cat', 'dog')):
+                      classes=('cat', 'dog'), masks=False):
     """Write a COCO-format detection dataset.
 
     Args:
@@ -214,9 +222,12 @@ def make_coco_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
         image_size (int): Side of the square images, in pixels.
         seed (int): Seed; equal arguments give byte-identical files.
         defects (dict, optional): Image index -> defect kind, one of
-            ``'zero_size'``, ``'outside'``, ``'tiny'``, ``'inverted'`` (see the
-            module docstring). The box is written as COCO ``[x, y, w, h]``.
+            ``'zero_size'``, ``'outside'``, ``'tiny'``, ``'inverted'``,
+            ``'size_mismatch'`` (see the module docstring). The box is
+            written as COCO ``[x, y, w, h]``.
         classes (tuple[str]): Category names.
+        masks (bool): Also write each box as a polygon ``segmentation``
+            (for instance segmentation configs).
 
     Returns:
         dict: ``data_root``, ``ann_file``, ``img_dir`` (absolute paths),
@@ -233,14 +244,19 @@ def make_coco_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
         name = '%06d.png' % i
         _write_image(osp.join(root, COCO_IMG_DIR, name), img)
         names.append(name)
-        images.append(dict(id=i + 1, file_name=name, width=image_size,
+        images.append(dict(id=i + 1, file_name=name,
+                           width=_declared_width(image_size, defect),
                            height=image_size))
         for (x1, y1, x2, y2), label in objects:
             w, h = x2 - x1, y2 - y1
-            annotations.append(dict(
+            annotation = dict(
                 id=len(annotations) + 1, image_id=i + 1,
                 category_id=int(label) + 1, iscrowd=0, area=float(w * h),
-                bbox=[float(x1), float(y1), float(w), float(h)]))
+                bbox=[float(x1), float(y1), float(w), float(h)])
+            if masks:
+                annotation['segmentation'] = [
+                    [float(v) for v in _hbox_polygon((x1, y1, x2, y2))]]
+            annotations.append(annotation)
         if defect:
             defect_list.append(dict(defect, image=name))
     coco = dict(
@@ -252,11 +268,18 @@ def make_coco_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
                    ann_file=COCO_ANN_FILE, img_dir=COCO_IMG_DIR)
 
 
-def _voc_xml(name, size, objects, classes):
+def _declared_width(size, defect):
+    # What the annotation says the image width is.
+    if defect is not None and defect['kind'] == 'size_mismatch':
+        return 2 * size
+    return size
+
+
+def _voc_xml(name, size, objects, classes, width):
     ann = ElementTree.Element('annotation')
     ElementTree.SubElement(ann, 'filename').text = name
     size_el = ElementTree.SubElement(ann, 'size')
-    for tag, value in (('width', size), ('height', size), ('depth', 3)):
+    for tag, value in (('width', width), ('height', size), ('depth', 3)):
         ElementTree.SubElement(size_el, tag).text = str(value)
     for (x1, y1, x2, y2), label in objects:
         obj = ElementTree.SubElement(ann, 'object')
@@ -279,8 +302,9 @@ def make_voc_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
         image_size (int): Side of the square images, in pixels.
         seed (int): Seed; equal arguments give byte-identical files.
         defects (dict, optional): Image index -> defect kind, one of
-            ``'zero_size'``, ``'outside'``, ``'tiny'``, ``'inverted'`` (see the
-            module docstring). Written as integer ``xmin ymin xmax ymax``.
+            ``'zero_size'``, ``'outside'``, ``'tiny'``, ``'inverted'``,
+            ``'size_mismatch'`` (see the module docstring). Written as
+            integer ``xmin ymin xmax ymax``.
         classes (tuple[str]): Class names.
 
     Returns:
@@ -298,7 +322,8 @@ def make_voc_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
         name = img_id + '.jpg'
         _write_image(osp.join(root, VOC_IMG_DIR, name), img)
         with open(osp.join(root, VOC_ANN_DIR, img_id + '.xml'), 'wb') as f:
-            f.write(_voc_xml(name, image_size, objects, classes))
+            f.write(_voc_xml(name, image_size, objects, classes,
+                             _declared_width(image_size, defect)))
         names.append(name)
         ids.append(img_id)
         if defect:
@@ -348,3 +373,90 @@ def make_dota_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
             defect_list.append(dict(defect, image=name))
     return _result(root, classes, names, defect_list, ann_file=DOTA_ANN_DIR,
                    img_dir=DOTA_IMG_DIR)
+
+
+IMAGENET_SPLIT = 'train'
+IMAGENET_ANN_FILE = 'meta/train.txt'
+ADE_IMG_DIR = 'images/training'
+ADE_ANN_DIR = 'annotations/training'
+
+
+def make_imagenet_dataset(root, num_images=8, image_size=64, seed=0,
+                          num_classes=4):
+    """Write an ImageNet-layout classification dataset (mmpretrain ``ImageNet``).
+
+    ``train/<class>/<name>.png`` files and ``meta/train.txt`` with one
+    ``<relative path> <label>`` line per image; labels are ImageNet-1k
+    indices ``0 .. num_classes - 1``.
+
+    Args:
+        root (str): Directory to write into (created if missing).
+        num_images (int): Number of images.
+        image_size (int): Side of the square images, in pixels.
+        seed (int): Seed; equal arguments give byte-identical files.
+        num_classes (int): How many classes the labels cycle through.
+
+    Returns:
+        dict: ``data_root``, ``ann_file``, ``images`` (relative paths) and
+        ``labels``.
+    """
+    names, labels, lines = [], [], []
+    for i in range(num_images):
+        rng = _image_rng(seed, i)
+        label = i % num_classes
+        img = _texture(rng, image_size)
+        size = image_size // 2
+        x, y = rng.randint(0, image_size - size + 1, 2)
+        _fill(img, _hbox_polygon((x, y, x + size, y + size)),
+              _class_color(label, num_classes))
+        name = 'n%05d/%06d.png' % (label, i)
+        path = osp.join(root, IMAGENET_SPLIT, name)
+        os.makedirs(osp.dirname(path), exist_ok=True)
+        _write_image(path, img)
+        names.append(name)
+        labels.append(label)
+        lines.append('%s %d' % (name, label))
+    os.makedirs(osp.join(root, osp.dirname(IMAGENET_ANN_FILE)), exist_ok=True)
+    with open(osp.join(root, IMAGENET_ANN_FILE), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    return dict(data_root=osp.abspath(root), ann_file=IMAGENET_ANN_FILE,
+                images=names, labels=labels)
+
+
+def make_ade20k_dataset(root, num_images=8, image_size=64, seed=0,
+                        num_classes=150):
+    """Write an ADE20K-layout segmentation dataset (mmseg ``ADE20KDataset``).
+
+    ``images/training/<name>.jpg`` and ``annotations/training/<name>.png``
+    label maps: 0 is "other" (ignored under ``reduce_zero_label``), objects
+    carry labels ``1 .. num_classes``.
+
+    Args:
+        root (str): Directory to write into (created if missing).
+        num_images (int): Number of images.
+        image_size (int): Side of the square images, in pixels.
+        seed (int): Seed; equal arguments give byte-identical files.
+        num_classes (int): Largest label value written.
+
+    Returns:
+        dict: ``data_root``, ``img_dir``, ``ann_dir`` and ``images``.
+    """
+    for sub in (ADE_IMG_DIR, ADE_ANN_DIR):
+        os.makedirs(osp.join(root, sub), exist_ok=True)
+    names = []
+    for i in range(num_images):
+        rng = _image_rng(seed, i)
+        img = _texture(rng, image_size)
+        seg = np.zeros((image_size, image_size), np.uint8)
+        boxes, _ = _clean_hboxes(rng, image_size, num_classes)
+        for x1, y1, x2, y2 in boxes:
+            label = 1 + rng.randint(num_classes)
+            _fill(img, _hbox_polygon((x1, y1, x2, y2)),
+                  _class_color(label, num_classes + 1))
+            seg[y1:y2, x1:x2] = label
+        name = '%06d' % i
+        _write_image(osp.join(root, ADE_IMG_DIR, name + '.jpg'), img)
+        _write_image(osp.join(root, ADE_ANN_DIR, name + '.png'), seg)
+        names.append(name)
+    return dict(data_root=osp.abspath(root), img_dir=ADE_IMG_DIR,
+                ann_dir=ADE_ANN_DIR, images=names)

@@ -26,7 +26,9 @@ modern)
     torch_pin=torch==2.13.0           # the CPU build that lies on this machine's disk
     mmengine_pin=mmengine==0.10.7
     mmcv_version=2.1.0                # newest mmcv mmdet 3.3 accepts (<2.2); compiles with C++17
-    extra_pins=(mmdet==3.3.0)
+    # mmseg imports ftfy and regex unconditionally (its tokenizer). mmpretrain
+    # cannot be installed in either leg (see tests/conftest.py).
+    extra_pins=(mmdet==3.3.0 mmsegmentation==1.2.2 ftfy==6.3.1 regex==2026.11.19)
     ;;
 dota)
     # shellcheck disable=SC1091

@@ -20,8 +20,8 @@ from mmnanhook.bundle import (FORMAT_VERSION, bundle_name, load_bundle,
                               to_strict_json, versions, write_bundle)
 from mmnanhook.compat import TORCH_VERSION
 from mmnanhook.errors import BundleError
-from mmnanhook.history import History, plot_history
-from mmnanhook.rng import capture_rng, restore_rng
+from mmnanhook.sentinel import History, plot_history
+from mmnanhook.sentinel import capture_rng, restore_rng
 
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))

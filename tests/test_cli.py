@@ -27,7 +27,7 @@ from mmengine.runner import Runner
 import replay_toys
 from mmnanhook import NonFiniteError, compat, testbed
 from mmnanhook.bundle import load_bundle
-from mmnanhook.rng import capture_rng, restore_rng
+from mmnanhook.sentinel import capture_rng, restore_rng
 from test_bundle import CORRUPTIONS, _replace_listed_file
 from test_tier1_amp import CpuAmpOptimWrapper  # noqa: F401 - registers it
 
@@ -387,6 +387,34 @@ def test_scan_of_coco_lists_only_bad_boxes_that_survive_loading(tmp_path):
     assert result.returncode == 1, result.stdout + result.stderr
     assert _flagged(result.stdout) == [outside]
     assert _summary(result.stdout) == ('8', '1')
+
+
+@pytest.mark.parametrize('config', [
+    pytest.param('retinanet', marks=pytest.mark.mmdet, id='coco'),
+    pytest.param('retinanet_voc', marks=pytest.mark.mmdet, id='voc'),
+])
+def test_scan_lists_every_image_whose_declared_size_differs(tmp_path,
+                                                           config):
+    data = testbed.make_dataset(config, str(tmp_path / 'data'), num_images=8,
+                                defects={2: 'size_mismatch'})
+    result = _scan(config, data, tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    # The image whose box lay beyond the real border, and the cause first.
+    assert _flagged(result.stdout) == [data['images'][2]]
+    lines = result.stdout.splitlines()
+    first = lines[lines.index([l for l in lines if l.startswith('sample ')][0])
+                  + 1]
+    assert first.strip().startswith(
+        'the annotation declares the image 128x64 (width x height) but the '
+        'file is 64x64 as loaded')
+    assert 'has zero width' in result.stdout
+    if config == 'retinanet':
+        # Declared larger, with every box inside the file: still listed.
+        _declare_size(data, data['images'][5], 2)
+        result = _scan(config, data, tmp_path)
+        assert _flagged(result.stdout) == [data['images'][2],
+                                           data['images'][5]]
+        assert 'declares the image 128x128' in result.stdout
 
 
 @pytest.mark.parametrize('config', [

@@ -24,7 +24,7 @@ from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError, compat, testbed
 from mmnanhook.bundle import load_bundle, to_strict_json
-from mmnanhook.rng import restore_rng
+from mmnanhook.sentinel import restore_rng
 from test_diagnosis import _is_op
 from test_tier1_amp import CpuAmpOptimWrapper
 import test_tier1_ddp

@@ -13,6 +13,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 from mmnanhook import compat
+from mmnanhook.sentinel import sentinel_of
 from test_tier1_toy import (Probe, _assert_same, _assert_state_same,
                             _params, _train_raises, make_runner)
 
@@ -159,7 +160,8 @@ def test_amp_style_rewritten_wrapper_is_checked(tmp_path):
                          hook=dict(type='NanDetectHook'),
                          optim_wrapper=copy.deepcopy(amp_wrapper()))
     runner.train()
-    assert probe.wrapper_types == [('NanDetectCpuAmpOptimWrapper',
-                                    ['NanDetectCpuAmpOptimWrapper'])] * 4
+    assert probe.wrapper_types == [('CpuAmpOptimWrapper',
+                                    [('CpuAmpOptimWrapper', True)])] * 4
     assert type(runner.optim_wrapper) is CpuAmpOptimWrapper
+    assert sentinel_of(runner.optim_wrapper) is None
     assert _scales(runner) == [SCALE] * 4

@@ -67,8 +67,8 @@ def test_retinanet_after_amp_rewrote_the_wrapper_type(tmp_path):
         runner.train()
     assert (info.value.trigger, info.value.iter) == ('loss', 1)
     assert 'loss_bbox=inf' in str(info.value)
-    assert [t for t, _ in probe.wrapper_types] == [
-        'NanDetectCpuAmpOptimWrapper'] * 2
+    assert probe.wrapper_types == [
+        ('CpuAmpOptimWrapper', [('CpuAmpOptimWrapper', True)])] * 2
     assert len(runner.message_hub.get_scalar('train/loss_scale').data[0]) \
         == 2
     assert type(runner.optim_wrapper).__name__ == 'CpuAmpOptimWrapper'

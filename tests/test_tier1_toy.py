@@ -21,8 +21,12 @@ from torch.utils.data import Dataset
 
 from mmnanhook import (NanDetectHook, NanDetectOptimWrapper, NonFiniteError,
                        install_nan_detect)
+from mmnanhook.sentinel import sentinel_of
 
 BATCH = 2
+
+# The wrapper methods the install binds onto the instance.
+_BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
 
 
 class _NanGrad(torch.autograd.Function):
@@ -133,7 +137,8 @@ class Probe(Hook):
         ow = runner.optim_wrapper
         members = ow.values() if isinstance(ow, OptimWrapperDict) else [ow]
         self.wrapper_types.append(
-            (type(ow).__name__, sorted(type(m).__name__ for m in members)))
+            (type(ow).__name__, [(type(m).__name__, sentinel_of(m) is not None)
+                                 for m in members]))
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):
@@ -142,7 +147,7 @@ class Probe(Hook):
 
 def make_runner(tmp_path, faults=None, hook=None, optim_wrapper=None,
                 max_iters=4, n=16, model=None, probe=None, val=False,
-                **kwargs):
+                log_level='WARNING', **kwargs):
     """A Runner training the toy model for ``max_iters`` iterations.
 
     Args:
@@ -173,7 +178,8 @@ def make_runner(tmp_path, faults=None, hook=None, optim_wrapper=None,
         train_cfg=dict(by_epoch=False, max_iters=max_iters,
                        val_interval=2),
         optim_wrapper=optim_wrapper, custom_hooks=custom_hooks,
-        default_hooks=dict(checkpoint=None), log_level='WARNING',
+        default_hooks=kwargs.pop('default_hooks', dict(checkpoint=None)),
+        log_level=log_level,
         default_scope='mmengine', randomness=dict(seed=0), **kwargs)
 
 
@@ -461,6 +467,7 @@ def test_anomaly_restored_and_patches_removed_after_exception(tmp_path):
     assert 'parse_losses' not in vars(runner.model)
     assert type(runner.optim_wrapper) is OptimWrapper
     assert not [k for k in vars(runner.optim_wrapper) if k.startswith('_nan')]
+    assert not set(vars(runner.optim_wrapper)) & set(_BOUND)
 
 
 def _shown(exc):
@@ -550,7 +557,7 @@ def test_good_options_accepted():
                          min_loss_scale=None, max_overflow_skips=None,
                          dump_dir='/tmp/x', max_dumps=0, replay=False,
                          history=0, dump_optimizer=False)
-    assert hook.options['policy'] == 'skip' and hook.anomaly == 5
+    assert hook.check_options.policy == 'skip' and hook.anomaly == 5
 
 
 def test_bad_wrapper_option_names_itself():
@@ -587,7 +594,8 @@ def test_hook_installs_into_a_configured_wrapper_and_restores_it(tmp_path):
     runner.train()
     ow = runner.optim_wrapper
     assert type(ow) is NanDetectOptimWrapper
-    assert ow._nan_options['policy'] == 'skip' and ow._nan_listener is None
+    own = sentinel_of(ow)
+    assert own.options.policy == 'skip' and own.listener is None
 
 
 class _TwoOptimizerModel(ToyModel):
@@ -619,23 +627,25 @@ def test_optim_wrapper_dict_members_are_checked(tmp_path):
     assert (err.trigger, err.iter) == ('loss', 1)
     assert 'loss_aux=inf' in str(err)
     assert probe.wrapper_types == [
-        ('OptimWrapperDict', ['NanDetectOptimWrapper'] * 2)] * 2
+        ('OptimWrapperDict', [('OptimWrapper', True)] * 2)] * 2
     for member in runner.optim_wrapper.values():
-        assert type(member) is OptimWrapper
+        assert type(member) is OptimWrapper and sentinel_of(member) is None
 
 
-def test_install_and_remove_restore_the_class():
+def test_install_and_remove_restore_the_instance_exactly():
     model = ToyModel()
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    before = dict(vars(ow))
     handle = install_nan_detect(ow, policy='skip')
-    assert type(ow).__name__ == 'NanDetectOptimWrapper'
-    assert ow._nan_options['policy'] == 'skip'
+    assert sentinel_of(ow).options.policy == 'skip'
+    assert set(_BOUND) <= set(vars(ow))
     handle.remove()
     assert type(ow) is OptimWrapper
-    assert not [k for k in vars(ow) if k.startswith('_nan')]
+    assert vars(ow).keys() == before.keys()
+    assert all(vars(ow)[k] is v for k, v in before.items())
 
 
-def test_subclass_is_reclassed_keeping_its_behaviour():
+def test_subclass_keeps_its_class_and_behaviour():
 
     class Custom(OptimWrapper):
 
@@ -645,10 +655,10 @@ def test_subclass_is_reclassed_keeping_its_behaviour():
     model = ToyModel()
     ow = Custom(torch.optim.SGD(model.parameters(), lr=0.1))
     handle = install_nan_detect(ow)
-    assert type(ow).__name__ == 'NanDetectCustom'
-    assert isinstance(ow, Custom) and ow.custom() == 'still here'
+    assert sentinel_of(ow) is not None
+    assert type(ow) is Custom and ow.custom() == 'still here'
     handle.remove()
-    assert type(ow) is Custom
+    assert type(ow) is Custom and sentinel_of(ow) is None
 
 
 def test_unsupported_wrapper_gets_a_clear_error():

@@ -1,11 +1,19 @@
-# Enable mmnanhook in any MMEngine-based config (mmdet 3.x, mmrotate 1.x):
+# mmnanhook as a `_base_` file, merge-safe next to any zoo config:
 #
-#     _base_ = ['./my_detector.py',
+#     _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
 #               'path/to/mmnanhook/configs/_base_/nan_detect.py']
 #
-# `custom_imports` registers NanDetectHook in mmengine's root HOOKS registry,
-# which every downstream scope (mmdet, mmrotate) falls back to. Note that a
-# child config's own `custom_hooks` list replaces this one (lists are not
-# merged): there, add dict(type='NanDetectHook') to that list instead.
-custom_imports = dict(imports=['mmnanhook'], allow_failed_imports=False)
-custom_hooks = [dict(type='NanDetectHook')]
+# MMEngine refuses a key that two `_base_` files both define, and the zoo
+# configs define every key that registers hooks (`default_hooks`,
+# `custom_hooks`, sometimes `custom_imports`). This file therefore defines
+# only keys no zoo config uses: `runner_type`, which tools/train.py of
+# mmdet / mmrotate / mmpretrain / mmseg honours, names a Runner that adds one
+# NanDetectHook; its options go in `nan_detect`. The dotted type imports
+# mmnanhook itself (mmengine >= 0.8), so no `custom_imports` is needed.
+#
+# In a config of your own (not a `_base_` file), or with a script that calls
+# Runner.from_cfg itself, use the one-line form instead:
+#
+#     default_hooks = dict(nan_detect=dict(type='mmnanhook.NanDetectHook'))
+runner_type = 'mmnanhook.NanDetectRunner'
+nan_detect = dict()

@@ -5,11 +5,20 @@ train_cfg = dict(type='IterBasedTrainLoop', max_iters=3)
 val_cfg = None
 test_cfg = None
 
-# Constant LR (no param_scheduler): a run of a few iterations behaves the same
-# whatever max_iters is.
 optim_wrapper = dict(
     type='OptimWrapper',
     optimizer=dict(type='SGD', lr=0.01, momentum=0.9, weight_decay=0.0001))
+
+# The shape of the zoo's schedule_1x.py, scaled to iterations: a linear warmup
+# and step decays. Param schedulers wrap optim_wrapper.step on the instance
+# before any hook runs, so every tiny run goes through that path as zoo runs
+# do. The milestones are fixed iterations, so a run of a few iterations
+# behaves the same whatever max_iters is.
+param_scheduler = [
+    dict(type='LinearLR', start_factor=0.25, by_epoch=False, begin=0, end=4),
+    dict(type='MultiStepLR', by_epoch=False, begin=0, end=1000,
+         milestones=[200, 400], gamma=0.1)
+]
 
 default_hooks = dict(
     timer=dict(type='IterTimerHook'),

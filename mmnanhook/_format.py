@@ -1,0 +1,33 @@
+"""How mmnanhook writes values, name lists and one-line errors."""
+import math
+
+# How many offending names a message or a record keeps.
+MAX_NAMES = 20
+
+
+def format_value(value):
+    """A float for messages: ``nan``/``inf`` as such, else 6 significant.
+
+    Strings pass through: strict JSON (``report.json``) stores non-finite
+    floats as ``"nan"``, ``"inf"``, ``"-inf"``.
+    """
+    if value is None:
+        return 'n/a'
+    if isinstance(value, str):
+        return value
+    if not math.isfinite(value):
+        return str(value)
+    return '%.6g' % value
+
+
+def format_names(names, count):
+    """``'a, b, c'``, with ``' and N more'`` when ``count`` exceeds them."""
+    text = ', '.join(names)
+    if count > len(names):
+        text += ' and %d more' % (count - len(names))
+    return text
+
+
+def one_line(text):
+    """``text`` with every run of whitespace (newlines too) made one space."""
+    return ' '.join(str(text).split())

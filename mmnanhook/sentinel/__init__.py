@@ -1,0 +1,33 @@
+"""Tier 1, every iteration: the per-step check and what it keeps.
+
+* :mod:`._check`: :class:`StepCheck`, the decision of one update step on
+  plain torch.
+* :mod:`._norms`: gradient norms computed once; clipping that reuses them.
+* :mod:`._wrapper`: the MMEngine adapter bound onto an ``OptimWrapper``
+  instance, the registered ``NanDetect*OptimWrapper`` classes,
+  :func:`install_nan_detect`.
+* :mod:`._guard`: the bypass guard.
+* :mod:`._steps`, :mod:`._rng`: the batch, RNG states and buffers kept per
+  step for a replay.
+* :mod:`._history`: the per-iteration scalars kept for the bundle.
+"""
+from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
+                     answer_text, describe_losses, loss_terms)
+from ._guard import BypassGuard
+from ._history import FIELDS, History, plot_history
+from ._norms import GradNorms, clip_grads_with_norm_
+from ._rng import capture_rng, restore_rng
+from ._steps import BufferSnapshot, StepMemory
+from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
+                       NanDetectHandle, NanDetectOptimWrapper, WrapperSentinel,
+                       install_nan_detect, members, sentinel_of)
+
+__all__ = [
+    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'FIELDS', 'GradNorms',
+    'History', 'Listener', 'MicroStep', 'NanDetectAmpOptimWrapper',
+    'NanDetectHandle', 'NanDetectOptimWrapper', 'StepCheck', 'StepContext',
+    'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
+    'capture_rng',
+    'clip_grads_with_norm_', 'describe_losses', 'install_nan_detect',
+    'loss_terms', 'members', 'plot_history', 'restore_rng', 'sentinel_of'
+]

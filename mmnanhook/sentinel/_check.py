@@ -1,0 +1,394 @@
+"""The tier-1 decision of one optimizer, one update step at a time.
+
+Framework-free (torch, and mmengine's process-group helpers, which work
+without a Runner): :class:`StepCheck` sees the losses of the micro-steps, the
+gradients and an optional AMP loss scale, and says whether the step may be
+applied. The MMEngine adapter (:mod:`._wrapper`) feeds it from an
+``OptimWrapper``; tests can feed it from plain torch.
+
+The decision is taken once per update step, after backward: DDP has then
+all-reduced the gradients, and the rank-local loss flags are all-reduced in
+one small tensor, so every rank takes the same decision in the same
+iteration. Loss, gradient norm, loss scale and flags reach the host in one
+sync.
+"""
+import math
+from collections import OrderedDict
+
+import torch
+from mmengine.dist import all_reduce, get_dist_info
+
+from .._format import MAX_NAMES, format_names, format_value
+from ..errors import NonFiniteError
+from ..records import NonFiniteEvent, Trigger
+from ._norms import GradNorms
+
+_HEADS = {
+    Trigger.LOSS: 'Non-finite loss',
+    Trigger.GRAD: 'Non-finite gradient',
+    Trigger.AMP_SCALE: 'AMP loss scale collapsed',
+}
+
+
+def loss_terms(log_vars):
+    """The entries of a parsed loss dict that ``parse_losses`` sums.
+
+    Args:
+        log_vars (Mapping[str, torch.Tensor]): ``parse_losses``' second
+            output (including the total under ``'loss'``).
+
+    Returns:
+        OrderedDict: name -> detached tensor, for the keys containing
+        ``'loss'`` (the sum's terms and the total); other entries, such as an
+        accuracy, are not losses.
+    """
+    return OrderedDict((k, v.detach()) for k, v in log_vars.items()
+                       if 'loss' in k and torch.is_tensor(v))
+
+
+def describe_losses(terms):
+    """Turn loss terms into floats and name the non-finite ones.
+
+    Failure path only: every term costs a host sync.
+
+    Args:
+        terms (Mapping[str, torch.Tensor]): From :func:`loss_terms`.
+
+    Returns:
+        tuple[dict, list[str]]: name -> float, and the non-finite names. The
+        total ``'loss'`` is named only when no term explains it.
+    """
+    values = OrderedDict((k, float(v.float().mean())) for k, v in terms.items())
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if len(bad) > 1 and 'loss' in bad:
+        bad.remove('loss')
+    return values, bad
+
+
+class MicroStep(object):
+    """One backward since the last update step.
+
+    Args:
+        iter (int, optional): Its training iteration.
+        loss (torch.Tensor): The loss the model returned (detached).
+        terms (dict, optional): Its loss terms, when ``parse_losses`` made it.
+    """
+
+    __slots__ = ('iter', 'loss', 'terms')
+
+    def __init__(self, iter, loss, terms=None):
+        self.iter = iter
+        self.loss = loss
+        self.terms = terms
+
+
+class StepContext(object):
+    """Where an update step happens, for messages (failure path).
+
+    Args:
+        iter (int, optional): Training iteration.
+        epoch (int, optional): Training epoch.
+        name_params (callable, optional): ``f(params, indices) ->
+            list[str]``, the names of ``params[i]`` for each index;
+            ``'param #i (shape)'`` without.
+    """
+
+    def __init__(self, iter=None, epoch=None, name_params=None):
+        self.iter = iter
+        self.epoch = epoch
+        self.name_params = name_params
+
+    def where(self, rank, world_size):
+        return 'iter %s (epoch %s), rank %d of %d' % (self.iter, self.epoch,
+                                                      rank, world_size)
+
+
+class StepOutcome(object):
+    """What :meth:`StepCheck.check` measured and decided.
+
+    Attributes:
+        grad_norm (float): Total gradient norm before clipping (unscaled).
+        loss_scale (float | None): AMP loss scale, without AMP ``None``.
+        total (torch.Tensor): ``grad_norm`` as a tensor, for clip reuse.
+        event (NonFiniteEvent | None): The trigger, ``None`` when clean.
+    """
+
+    __slots__ = ('grad_norm', 'loss_scale', 'total', 'event')
+
+    def __init__(self, grad_norm, loss_scale, total, event=None):
+        self.grad_norm = grad_norm
+        self.loss_scale = loss_scale
+        self.total = total
+        self.event = event
+
+
+class StepCheck(object):
+    """Checks every update step of one optimizer before it is applied.
+
+    Every loss given to :meth:`record` (without a sync) is checked at the
+    next :meth:`check`, together with the gradient norm; :meth:`resolve`
+    applies the policy to a trigger.
+
+    Under AMP (a ``scale`` given to :meth:`check`) non-finite gradients are
+    ordinary overflows that the scaler skips; the triggers are a non-finite
+    loss, a scale below ``min_loss_scale`` and more than
+    ``max_overflow_skips`` consecutive overflows.
+
+    Args:
+        options (CheckOptions): Policy and limits.
+    """
+
+    def __init__(self, options):
+        self.options = options
+        self.micro = []
+        self.skipped = 0
+        self.consecutive_skips = 0
+        self.overflows = 0
+        # Update steps checked and losses recorded so far: the bypass guard
+        # and the hook compare them around a train step.
+        self.checks = 0
+        self.records = 0
+
+    def record(self, iter, loss, terms=None):
+        """Keep the loss of one backward for the next :meth:`check`.
+
+        Args:
+            iter (int, optional): Training iteration of the backward.
+            loss (torch.Tensor): The loss (detached here).
+            terms (dict, optional): Its loss terms (:func:`loss_terms`).
+        """
+        self.records += 1
+        self.micro.append(MicroStep(iter, loss.detach(), terms))
+
+    def forget(self):
+        """Drop the recorded losses (after a backward that raised)."""
+        self.micro = []
+
+    def check(self, params, grads, norm_type=2.0, clips=False, scale=None,
+              context=None):
+        """Measure one update step and decide whether it triggers.
+
+        Args:
+            params (list[torch.Tensor]): Parameters with a gradient.
+            grads (list[torch.Tensor]): Their gradients.
+            norm_type (float): The p of the norm (the clip's, when clipping).
+            clips (bool): Whether the step clips by this norm: then the norm
+                is computed exactly as ``clip_grad_norm_`` would.
+            scale (torch.Tensor, optional): The AMP loss scale the gradients
+                are multiplied by; ``None`` without AMP.
+            context (StepContext, optional): For the event's message.
+
+        Returns:
+            StepOutcome: With ``event`` set when the step triggers.
+        """
+        self.checks += 1
+        micro, self.micro = self.micro, []
+        norms = GradNorms(grads, norm_type, exact=clips)
+        total = norms.total
+        if scale is not None:
+            # Gradients are still multiplied by the scale here. For a scale
+            # that is a power of two (GradScaler's default) this equals the
+            # norm after unscale_ exactly.
+            total = total * scale.double().reciprocal().float().to(
+                total.device)
+        (grad_norm, loss_scale, loss_values, bad_ranks, grads_bad, rank,
+         world_size) = _sync(total, scale, [m.loss for m in micro])
+        outcome = StepOutcome(grad_norm, loss_scale, total)
+
+        bad_grads = norms.nonfinite() if grads_bad else []
+        norm_overflow = (not math.isfinite(grad_norm)) and not bad_grads
+        trigger, reasons = None, []
+        if bad_ranks:
+            trigger = Trigger.LOSS
+        overflow = False
+        if grads_bad:
+            if scale is not None and not norm_overflow:
+                overflow = True
+            elif scale is None or clips:
+                trigger = trigger or Trigger.GRAD
+        if scale is not None:
+            trigger = self._amp_trigger(trigger, overflow, loss_scale,
+                                        reasons)
+        if trigger is None:
+            return outcome
+        context = context or StepContext()
+        bad_micro = [i for i, v in enumerate(loss_values)
+                     if not math.isfinite(v)]
+        outcome.event = _event(trigger, context, micro, bad_micro, bad_ranks,
+                               params, norms, grad_norm, norm_overflow,
+                               bad_grads, loss_scale, reasons, rank,
+                               world_size)
+        return outcome
+
+    def _amp_trigger(self, trigger, overflow, loss_scale, reasons):
+        opts = self.options
+        self.overflows = self.overflows + 1 if overflow else 0
+        limit = opts.max_overflow_skips
+        if limit is not None and self.overflows > limit:
+            trigger = trigger or Trigger.AMP_SCALE
+            reasons.append('%d consecutive AMP overflow skips exceed '
+                           'max_overflow_skips=%d' % (self.overflows, limit))
+        low = opts.min_loss_scale
+        if low is not None and loss_scale < low:
+            trigger = trigger or Trigger.AMP_SCALE
+            reasons.append('the AMP loss scale %s fell below '
+                           'min_loss_scale=%s' %
+                           (format_value(loss_scale), format_value(low)))
+        return trigger
+
+    def passed(self):
+        """Note a clean update step (it ends a run of skips)."""
+        self.consecutive_skips = 0
+
+    def resolve(self, event, answer=None):
+        """Apply the policy to a trigger.
+
+        Args:
+            event (NonFiniteEvent): The trigger.
+            answer (dict, optional): The listener's answer (``bundle``,
+                ``summary``, ``report``), added to the error message.
+
+        Returns:
+            bool: Whether to apply the step (``'warn'``); ``False`` for a
+            skipped one.
+
+        Raises:
+            NonFiniteError: Under ``'raise'``, or when ``'skip'`` has already
+                skipped ``max_skips`` consecutive steps.
+        """
+        opts = self.options
+        answer = answer or {}
+        message = event.message
+        extra = answer_text(answer)
+        if extra:
+            message += '\n' + extra
+        escalate = (opts.policy == 'skip'
+                    and self.consecutive_skips >= opts.max_skips)
+        if escalate:
+            message += ("\npolicy 'skip' already skipped %d consecutive "
+                        'update steps (max_skips=%d)' %
+                        (self.consecutive_skips, opts.max_skips))
+        if opts.policy == 'raise' or escalate:
+            raise NonFiniteError(
+                message, event.trigger.value, iter=event.iter,
+                rank=event.rank, bad_ranks=event.bad_ranks,
+                bundle=answer.get('bundle'), report=answer.get('report'))
+        if opts.policy == 'skip':
+            self.skipped += 1
+            self.consecutive_skips += 1
+            return False
+        self.consecutive_skips = 0
+        return True
+
+
+def answer_text(answer):
+    """What a listener's answer adds to an error message."""
+    lines = []
+    if answer.get('summary'):
+        lines.append(answer['summary'])
+    if answer.get('bundle'):
+        lines.append('bundle: %s' % answer['bundle'])
+    return '\n'.join(lines)
+
+
+def _sync(total, scale, losses):
+    """Bring norm, scale, losses and the ranks' flags to the host at once.
+
+    Returns:
+        tuple: ``grad_norm``, ``loss_scale`` (None without AMP), the loss
+        values, the ranks whose loss was non-finite, whether any rank's
+        gradient norm was, this rank and the world size.
+    """
+    device = total.device
+    scalars = [total.float()]
+    if scale is not None:
+        scalars.append(scale.float().to(device))
+    losses = [loss.float().sum().to(device) for loss in losses]
+    packed = [torch.stack(scalars + losses)]
+    rank, world_size = get_dist_info()
+    if world_size > 1:
+        # Slot r: rank r's loss was non-finite; slot world_size + r: its
+        # gradient norm was. Summed over ranks, every rank sees both.
+        flags = torch.zeros(2 * world_size, device=device)
+        if losses:
+            flags[rank] = (~torch.isfinite(torch.stack(losses))).any().float()
+        flags[world_size + rank] = (~torch.isfinite(total)).float()
+        # mmengine's all_reduce moves the flags to the backend's device.
+        all_reduce(flags, op='sum')
+        packed.append(flags)
+    values = torch.cat(packed).tolist()  # the one host sync
+    grad_norm = values[0]
+    loss_scale = values[1] if scale is not None else None
+    loss_values = values[len(scalars):len(scalars) + len(losses)]
+    if world_size > 1:
+        flags = values[len(scalars) + len(losses):]
+        bad_ranks = [r for r in range(world_size) if flags[r] > 0]
+        grads_bad = any(v > 0 for v in flags[world_size:])
+    else:
+        bad = any(not math.isfinite(v) for v in loss_values)
+        bad_ranks = [rank] if bad else []
+        grads_bad = not math.isfinite(grad_norm)
+    return (grad_norm, loss_scale, loss_values, bad_ranks, grads_bad, rank,
+            world_size)
+
+
+def _param_names(context, params, indices):
+    if context.name_params is not None:
+        return context.name_params(params, indices)
+    return ['param #%d %s' % (i, tuple(params[i].shape)) for i in indices]
+
+
+def _event(trigger, context, micro, bad_micro, bad_ranks, params, norms,
+           grad_norm, norm_overflow, bad_grads, loss_scale, reasons, rank,
+           world_size):
+    # Failure path only: the syncs here do not count against tier 1.
+    parts = []
+    shown = micro[bad_micro[0]] if bad_micro else (
+        micro[-1] if micro else None)
+    losses, bad_losses = {}, []
+    if shown is not None:
+        terms = shown.terms if shown.terms is not None else {
+            'loss': shown.loss}
+        losses, bad_losses = describe_losses(terms)
+    loss_text = ', '.join('%s=%s' % (k, format_value(v))
+                          for k, v in losses.items())
+    bad_iters = [micro[i].iter for i in bad_micro]
+    if bad_ranks:
+        text = 'non-finite loss'
+        if bad_losses:
+            text += ' (%s)' % ', '.join(bad_losses)
+        if world_size > 1:
+            text += ' on rank%s %s' % ('s' if len(bad_ranks) > 1 else '',
+                                       ', '.join(map(str, bad_ranks)))
+        if len(micro) > 1 and bad_iters:
+            text += ' in the micro-step of iter %s' % ', '.join(
+                map(str, bad_iters))
+        parts.append(text)
+    if loss_text:
+        parts.append('losses%s: %s' % (
+            ' of rank %d' % rank if world_size > 1 else '', loss_text))
+    grad_text = 'grad_norm=%s' % format_value(grad_norm)
+    names = []
+    if bad_grads:
+        names = _param_names(context, params, bad_grads[:MAX_NAMES])
+        grad_text += '; %d of %d parameters have non-finite gradients: ' \
+            '%s' % (len(bad_grads), len(params),
+                    format_names(names, len(bad_grads)))
+    elif norm_overflow:
+        grad_text += (
+            '; every gradient is finite (largest |grad| %s) but their '
+            '%s norm overflows, which would make clip_grad zero them' %
+            (format_value(norms.largest_abs()), norms.total.dtype))
+    if loss_scale is not None:
+        grad_text += '; AMP loss_scale=%s' % format_value(loss_scale)
+    parts.append(grad_text)
+    parts.extend(reasons)
+    message = '%s at %s: %s' % (_HEADS[trigger],
+                                context.where(rank, world_size),
+                                '; '.join(parts))
+    return NonFiniteEvent(
+        trigger, message, iter=context.iter, epoch=context.epoch, rank=rank,
+        world_size=world_size, bad_ranks=bad_ranks, losses=losses,
+        nonfinite_losses=bad_losses, bad_loss_iters=bad_iters,
+        grad_norm=grad_norm, nonfinite_grads=names,
+        nonfinite_grad_count=len(bad_grads), loss_scale=loss_scale)

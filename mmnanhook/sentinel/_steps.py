@@ -1,0 +1,58 @@
+"""What tier 1 keeps of each train step, in case it has to be replayed.
+
+Kept by reference, never copied: the raw batch (``train_step`` does not
+mutate it) and the RNG states before its forward, for the micro-steps since
+the last update step only; the bad loss may be an earlier micro-step's.
+"""
+import collections
+
+import torch
+
+from ._rng import capture_rng
+
+
+class StepMemory(object):
+    """Raw batches and RNG states of the last ``window`` train steps.
+
+    Args:
+        window (int): How many steps to keep: the gradient accumulation
+            count, so that every micro-step of an update can be replayed.
+    """
+
+    def __init__(self, window=1):
+        self.window = max(1, int(window))
+        self._steps = collections.OrderedDict()
+
+    def keep(self, iter, data_batch):
+        """Keep ``data_batch`` and the RNG states now, for iteration ``iter``."""
+        self._steps[iter] = (data_batch, capture_rng())
+        while len(self._steps) > self.window:
+            self._steps.popitem(last=False)
+
+    def get(self, iter):
+        """``(data_batch, rng_state)`` of ``iter``, or ``(None, None)``."""
+        return self._steps.get(iter, (None, None))
+
+    def clear(self):
+        """Release everything kept."""
+        self._steps.clear()
+
+
+class BufferSnapshot(object):
+    """Copies of a module's buffers, to undo what one forward wrote.
+
+    ``policy='skip'`` must also undo the BN running statistics the failing
+    forward updated; only that policy pays for the copy.
+
+    Args:
+        module (torch.nn.Module): Whose buffers to copy now.
+    """
+
+    def __init__(self, module):
+        self._saved = [(b, b.detach().clone()) for b in module.buffers()]
+
+    def restore(self):
+        """Write the copies back."""
+        with torch.no_grad():
+            for buffer, saved in self._saved:
+                buffer.copy_(saved)

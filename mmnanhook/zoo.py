@@ -1,0 +1,341 @@
+"""Model-zoo configs as shipped inside the installed packages, on synthetic
+data: the test bed that proves a feature on the configs users actually run.
+
+Each run trains a child config whose ``_base_`` is the shipped file
+(``<package>/.mim/configs/...``) with the zoo's own schedulers, pipelines,
+samplers, loops, EMA and default hooks. The child changes only what a run on
+a CPU with a synthetic dataset needs:
+
+* the dataset's ``data_root`` / annotation paths, two images per batch, no
+  loader worker processes, no val/test loops;
+* ``init_cfg=None`` for the backbone (nothing is downloaded);
+* a short schedule (``max_epochs`` / ``max_iters``; a ``PipelineSwitchHook``
+  switches before its last epoch) and a fixed seed, so that two runs can be
+  compared;
+* every image scale of the train pipelines (and of a ``PipelineSwitchHook``'s
+  second pipeline, and mmseg's preprocessor crop) multiplied by one factor
+  that brings the zoo's short side to 320 px.
+
+:func:`child_config` writes that file and loads it; the rescaling is applied
+to the loaded config (a text override would have to repeat each pipeline).
+"""
+import copy
+import importlib
+import itertools
+import math
+import os
+import os.path as osp
+
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+
+from . import synthetic
+
+SMALL_SIDE = 320
+
+
+class ZooEntry(object):
+    """One shipped config of the test tier.
+
+    Args:
+        package (str): The codebase that ships it (``'mmdet'``, ...).
+        path (str): Path under ``<package>/.mim/configs``.
+        data (str): Dataset kind: ``'coco'``, ``'coco_masks'``, ``'dota'``,
+            ``'imagenet'`` or ``'ade20k'``.
+        short_side (int, optional): The short side of the zoo's train scale,
+            rescaled to :data:`SMALL_SIDE`; ``None`` keeps the scales.
+        by_epoch (bool): Whether its train loop counts epochs.
+    """
+
+    def __init__(self, package, path, data, short_side=None, by_epoch=True):
+        self.package = package
+        self.path = path
+        self.data = data
+        self.short_side = short_side
+        self.by_epoch = by_epoch
+
+    @property
+    def scale(self):
+        """The factor applied to the zoo's image scales."""
+        return None if self.short_side is None else \
+            float(SMALL_SIDE) / self.short_side
+
+
+ZOO = {
+    'retinanet_r50': ZooEntry('mmdet', 'retinanet/retinanet_r50_fpn_1x_coco.py',
+                              'coco', 800),
+    'faster_rcnn_r50': ZooEntry(
+        'mmdet', 'faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py', 'coco', 800),
+    'mask_rcnn_r50': ZooEntry(
+        'mmdet', 'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', 'coco_masks', 800),
+    'fcos_r50': ZooEntry('mmdet', 'fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py',
+                         'coco', 800),
+    'rtmdet_tiny': ZooEntry('mmdet', 'rtmdet/rtmdet_tiny_8xb32-300e_coco.py',
+                            'coco', 640),
+    'dino_r50': ZooEntry('mmdet', 'dino/dino-4scale_r50_8xb2-12e_coco.py',
+                         'coco', 800),
+    'rotated_retinanet': ZooEntry(
+        'mmrotate',
+        'rotated_retinanet/rotated-retinanet-rbox-le90_r50_fpn_1x_dota.py',
+        'dota', 1024),
+    'oriented_rcnn': ZooEntry(
+        'mmrotate', 'oriented_rcnn/oriented-rcnn-le90_r50_fpn_1x_dota.py',
+        'dota', 1024),
+    'resnet18_in1k': ZooEntry('mmpretrain', 'resnet/resnet18_8xb32_in1k.py',
+                              'imagenet'),
+    'segformer_b0_ade': ZooEntry(
+        'mmseg', 'segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
+        'ade20k', 512, by_epoch=False),
+}
+
+# Keys of pipeline steps (and mmseg's preprocessor) that hold image sizes.
+_SIZE_KEYS = ('scale', 'img_scale', 'crop_size', 'size', 'scales')
+
+_run_ids = itertools.count()
+
+
+def available(name):
+    """Whether the package shipping ``name`` imports here (with its ops)."""
+    try:
+        importlib.import_module(ZOO[name].package)
+        importlib.import_module('mmcv.ops')
+    except Exception:  # noqa: BLE001 - any import failure means "not here"
+        return False
+    return True
+
+
+def shipped_config(name):
+    """The absolute path of ``name``'s config inside its installed package."""
+    entry = ZOO[name]
+    package = importlib.import_module(entry.package)
+    path = osp.join(osp.dirname(package.__file__), '.mim', 'configs',
+                    entry.path)
+    if not osp.isfile(path):
+        raise FileNotFoundError('%s does not ship %s' % (entry.package, path))
+    return path
+
+
+def make_zoo_dataset(name, root, num_images=4, defects=None, seed=0):
+    """Write the synthetic dataset ``name`` trains on, at 320 px.
+
+    Args:
+        name (str): A key of :data:`ZOO`.
+        root (str): Directory to write into.
+        num_images (int): Number of images.
+        defects (dict, optional): Image index -> defect kind (detection
+            datasets only; see :mod:`mmnanhook.synthetic`).
+        seed (int): Dataset seed.
+
+    Returns:
+        dict: The generator's description, with ``kind``.
+    """
+    kind = ZOO[name].data
+    if kind in ('coco', 'coco_masks'):
+        data = synthetic.make_coco_dataset(
+            root, num_images=num_images, image_size=SMALL_SIDE, seed=seed,
+            defects=defects, masks=kind == 'coco_masks')
+    elif kind == 'dota':
+        data = synthetic.make_dota_dataset(
+            root, num_images=num_images, image_size=SMALL_SIDE, seed=seed,
+            defects=defects)
+    elif kind == 'imagenet':
+        data = synthetic.make_imagenet_dataset(
+            root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
+    else:
+        data = synthetic.make_ade20k_dataset(
+            root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
+    data['kind'] = kind
+    return data
+
+
+def _dataset_override(kind, data):
+    root = data['data_root']
+    if kind in ('coco', 'coco_masks'):
+        return dict(data_root=root, ann_file=synthetic.COCO_ANN_FILE,
+                    data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
+    if kind == 'dota':
+        return dict(data_root=root, ann_file=synthetic.DOTA_ANN_DIR + '/',
+                    data_prefix=dict(img_path=synthetic.DOTA_IMG_DIR + '/'))
+    if kind == 'imagenet':
+        return dict(data_root=root, split=synthetic.IMAGENET_SPLIT)
+    return dict(data_root=root,
+                data_prefix=dict(img_path=synthetic.ADE_IMG_DIR,
+                                 seg_map_path=synthetic.ADE_ANN_DIR))
+
+
+def hook_line(**options):
+    """The one-line form that adds NanDetectHook to any config."""
+    return 'default_hooks = dict(nan_detect=%r)\n' % (
+        dict(type='mmnanhook.NanDetectHook', **options), )
+
+
+def child_config(name, data, work_dir, length=2, hook=None,
+                 hook_options=None, extra=None, seed=0):
+    """Write and load a child config of the shipped ``name``.
+
+    Args:
+        name (str): A key of :data:`ZOO`.
+        data (dict): What :func:`make_zoo_dataset` returned.
+        work_dir (str): The run's work dir; the child config goes there.
+        length (int): Epochs (epoch-based loops) or iterations.
+        hook (str, optional): ``'line'`` adds NanDetectHook with the one-line
+            ``default_hooks`` form, ``'base'`` with the ``_base_`` snippet
+            (``configs/_base_/nan_detect.py``); ``None`` trains without it.
+        hook_options (dict, optional): The hook's options.
+        extra (str, optional): More config text, appended last (a fault such
+            as ``optim_wrapper = dict(optimizer=dict(lr=...))``).
+        seed (int): The run's seed.
+
+    Returns:
+        mmengine.Config: Ready for ``Runner.from_cfg`` (or, with
+        ``hook='base'``, ``RUNNERS.build``).
+    """
+    entry = ZOO[name]
+    bases = [shipped_config(name)]
+    if hook == 'base':
+        bases.append(osp.join(config_dir(), '_base_', 'nan_detect.py'))
+    loop = dict(max_epochs=length) if entry.by_epoch else dict(
+        max_iters=length)
+    lines = [
+        '_base_ = %r' % (bases, ),
+        'train_dataloader = %r' % (dict(
+            batch_size=2, num_workers=0, persistent_workers=False,
+            dataset=_dataset_override(entry.data, data)), ),
+        'model = dict(backbone=dict(init_cfg=None))',
+        'train_cfg = dict(%s, val_interval=1000)' % ', '.join(
+            '%s=%r' % kv for kv in loop.items()),
+        'val_dataloader = None', 'val_cfg = None', 'val_evaluator = None',
+        'test_dataloader = None', 'test_cfg = None', 'test_evaluator = None',
+        'randomness = dict(seed=%d)' % seed,
+    ]
+    if hook == 'line':
+        lines.append(hook_line(**(hook_options or {})))
+    elif hook == 'base' and hook_options:
+        lines.append('nan_detect = %r' % (dict(hook_options), ))
+    if extra:
+        lines.append(extra)
+    os.makedirs(work_dir, exist_ok=True)
+    path = osp.join(work_dir, 'child_%s.py' % name)
+    with open(path, 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    cfg = Config.fromfile(path)
+    if entry.scale is not None:
+        _rescale(cfg, entry.scale)
+    for hook_cfg in cfg.get('custom_hooks') or []:
+        # The short schedule still reaches a PipelineSwitchHook's switch.
+        if 'switch_epoch' in hook_cfg and entry.by_epoch:
+            hook_cfg['switch_epoch'] = min(hook_cfg['switch_epoch'],
+                                           max(length - 1, 0))
+    cfg.work_dir = work_dir
+    cfg.experiment_name = '%s_%d' % (name, next(_run_ids))
+    return cfg
+
+
+def _rescale(cfg, factor):
+    """Multiply every image size of the train pipelines by ``factor``."""
+    dataset = cfg.train_dataloader.dataset
+    while 'dataset' in dataset:  # RepeatDataset, MultiImageMixDataset ...
+        _rescale_steps(dataset.get('pipeline') or [], factor)
+        dataset = dataset.dataset
+    _rescale_steps(dataset.get('pipeline') or [], factor)
+    for hook in cfg.get('custom_hooks') or []:
+        _rescale_steps(hook.get('switch_pipeline') or [], factor)
+    preprocessor = cfg.model.get('data_preprocessor') or {}
+    if preprocessor.get('size') is not None:
+        preprocessor['size'] = _scaled(preprocessor['size'], factor)
+
+
+def _rescale_steps(steps, factor):
+    for step in steps:
+        for key in _SIZE_KEYS:
+            if key in step and not isinstance(step[key], dict):
+                step[key] = _scaled(step[key], factor)
+        for nested in step.get('transforms') or []:
+            _rescale_steps(nested if isinstance(nested, list) else [nested],
+                           factor)
+
+
+def _scaled(value, factor):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(round(value * factor))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scaled(v, factor) for v in value)
+    return value
+
+
+def config_dir():
+    """The repository's ``configs/`` directory (for the ``_base_`` snippet)."""
+    from .testbed import config_dir as tiny_config_dir
+    return tiny_config_dir()
+
+
+class ZooProbe(Hook):
+    """Records what a zoo run did, per iteration, for comparisons.
+
+    Runs last in every stage, so it sees the values the schedulers set and
+    the weights the optimizer wrote.
+
+    Attributes:
+        hooks (list[str]): Class names of every hook of the run.
+        lr (list[list[float]]): LR of each param group, per iteration.
+        momentum (list[list]): Momentum (or Adam betas) of each group.
+        loss (list[float]): The total loss each iteration logged.
+        finite (list[bool]): Whether every weight was finite after it.
+        before (tuple): ``(iter, weights, optimizer state)`` copied before
+            the latest iteration.
+    """
+
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self.hooks = []
+        self.lr, self.momentum, self.loss, self.finite = [], [], [], []
+        self.started = 0
+        self.before = None
+
+    def before_train(self, runner):
+        self.hooks = [type(h).__name__ for h in runner.hooks]
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.started += 1
+        self.before = (runner.iter, weights(runner),
+                       copy.deepcopy(runner.optim_wrapper.state_dict()))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        groups = runner.optim_wrapper.param_groups
+        self.lr.append([g['lr'] for g in groups])
+        self.momentum.append(
+            [g.get('momentum', g.get('betas')) for g in groups])
+        loss = (outputs or {}).get('loss')
+        self.loss.append(None if loss is None else float(loss.detach()))
+        self.finite.append(all(
+            bool(torch.isfinite(p).all())
+            for p in _unwrap(runner.model).parameters()))
+
+    @property
+    def first_bad_iter(self):
+        """The first iteration whose loss, or the weights after it, were not
+        finite, or that raised; ``None`` for a clean run."""
+        for i, (loss, finite) in enumerate(zip(self.loss, self.finite)):
+            if loss is None or not math.isfinite(loss) or not finite:
+                return i
+        return len(self.loss) if self.started > len(self.loss) else None
+
+
+def _unwrap(model):
+    return model.module if is_model_wrapper(model) else model
+
+
+def weights(runner):
+    """Copies of the model's parameters, by name."""
+    return {k: v.detach().clone()
+            for k, v in _unwrap(runner.model).named_parameters()}
+
+
+def model_state(runner):
+    """Copies of the model's parameters and buffers (its state dict)."""
+    return {k: v.detach().clone()
+            for k, v in _unwrap(runner.model).state_dict().items()}

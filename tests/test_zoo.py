@@ -1,0 +1,237 @@
+"""The zoo tier: configs as shipped inside the installed packages.
+
+Each test trains a child of the shipped file (see :mod:`mmnanhook.zoo`: data
+root, 320 px, ``init_cfg=None``, a short schedule) on a synthetic dataset,
+with the zoo's own schedulers, pipelines, samplers, loops, EMA and default
+hooks, and compares with the same run without mmnanhook.
+
+Faults are real paths through the zoo's own code: a COCO json that declares
+an image twice as wide as its file (``Resize`` clips a box to zero width,
+the box coder takes ``log(0)``), a collinear DOTA polygon, or an LR blow-up
+without warmup.
+"""
+import glob
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner
+
+from mmnanhook import NanDetectHook, NonFiniteError, compat, zoo
+
+# name -> ('data', {image index: defect}) or ('lr', the LR of the blow-up).
+FAULTS = {
+    'retinanet_r50': ('data', {1: 'size_mismatch'}),
+    'faster_rcnn_r50': ('data', {1: 'size_mismatch'}),
+    'mask_rcnn_r50': ('data', {1: 'size_mismatch'}),
+    'fcos_r50': ('lr', 1e30),
+    'rtmdet_tiny': ('lr', 1e30),
+    'segformer_b0_ade': ('lr', 1e30),
+    # DINO's matcher raises on the NaN costs the blown-up weights give.
+    'dino_r50': ('lr', 1e4),
+    'resnet18_in1k': ('lr', 1e30),
+    'rotated_retinanet': ('data', {1: 'collinear'}),
+    'oriented_rcnn': ('data', {1: 'collinear'}),
+}
+# Epochs, or iterations of an iteration-based loop: RTMDet switches its
+# pipeline (PipelineSwitchHook) after the first epoch.
+LENGTH = {'rtmdet_tiny': 2, 'segformer_b0_ade': 2}
+# Options of the skip runs: no replay, no bundle, except where the fault
+# makes the forward raise: only a replay tells that NaN made it raise.
+SKIP = dict(policy='skip', replay=False, max_dumps=0)
+SKIP_OPTIONS = {'dino_r50': dict(SKIP, replay=True)}
+IMAGES = 4
+# Two threads: the zoo's models are compute-bound, unlike the tiny ones.
+THREADS = 2
+
+
+def _param(name):
+    return pytest.param(name, marks=getattr(pytest.mark,
+                                            zoo.ZOO[name].package))
+
+
+NAMES = [_param(name) for name in FAULTS]
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(THREADS)
+    yield
+    torch.set_num_threads(before)
+
+
+def _run(name, data, work_dir, hook=None, hook_options=None, extra=None):
+    cfg = zoo.child_config(name, data, str(work_dir),
+                           length=LENGTH.get(name, 1), hook=hook,
+                           hook_options=hook_options, extra=extra)
+    cfg.log_level = 'WARNING'
+    runner = RUNNERS.build(cfg) if hook == 'base' else Runner.from_cfg(cfg)
+    probe = zoo.ZooProbe()
+    runner.register_hook(probe)
+    error = None
+    try:
+        runner.train()
+    except Exception as exc:  # noqa: BLE001 - returned to the test
+        error = exc
+    return runner, probe, error
+
+
+def _checkpoint(runner):
+    paths = sorted(glob.glob(osp.join(runner.work_dir, '*.pth')))
+    return compat.torch_load(paths[-1]) if paths else None
+
+
+def _assert_equal(a, b, path='state'):
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _assert_equal(a[k], b[k], '%s.%s' % (path, k))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_equal(x, y, '%s[%d]' % (path, i))
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_clean_run_is_the_run_without_the_hook(tmp_path, name):
+    data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'),
+                                num_images=IMAGES)
+    ref, ref_probe, error = _run(name, data, tmp_path / 'ref')
+    assert error is None
+    # The `_base_` snippet, merged next to the shipped config.
+    runner, probe, error = _run(name, data, tmp_path / 'hook', hook='base')
+    assert error is None
+    assert not osp.exists(osp.join(runner.work_dir, 'nan_dumps'))
+    # Every hook of the zoo config is still there, plus ours.
+    assert [h for h in probe.hooks if h != 'NanDetectHook'] == \
+        ref_probe.hooks
+    assert probe.hooks.count('NanDetectHook') == 1
+    norms = runner.message_hub.get_scalar('train/grad_norm').data[0]
+    assert len(norms) == len(ref_probe.lr) >= 2
+    assert probe.lr == ref_probe.lr and probe.momentum == ref_probe.momentum
+    assert probe.loss == ref_probe.loss
+    _assert_equal(zoo.model_state(runner), zoo.model_state(ref), 'state')
+    ours, theirs = _checkpoint(runner), _checkpoint(ref)
+    assert (ours is None) == (theirs is None)
+    if ours is not None:
+        for key in ('state_dict', 'ema_state_dict', 'optimizer',
+                    'param_schedulers'):
+            assert (key in ours) == (key in theirs), key
+            if key in ours:
+                _assert_equal(ours[key], theirs[key], key)
+
+
+class _Batches(zoo.ZooProbe):
+    """Also records the image files of every iteration's batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.files = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        super().before_train_iter(runner, batch_idx, data_batch)
+        self.files.append([
+            s.metainfo.get('img_path') for s in data_batch['data_samples']
+        ])
+
+
+def fault_kinds(name):
+    kind, fault = FAULTS[name]
+    return set(fault.values()) if kind == 'data' else set()
+
+
+def _fault_config(name, tmp_path):
+    kind, fault = FAULTS[name]
+    data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'),
+                                num_images=IMAGES,
+                                defects=fault if kind == 'data' else None)
+    extra = None
+    if kind == 'lr':
+        # No warmup, and an LR no schedule should ever reach.
+        extra = ('optim_wrapper = dict(optimizer=dict(lr=%r))\n'
+                 'param_scheduler = []' % fault)
+    return kind, data, extra
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_real_fault_is_caught_before_it_reaches_the_weights(tmp_path, name):
+    kind, data, extra = _fault_config(name, tmp_path)
+    if kind == 'lr':
+        _, ref_probe, _ = _run(name, data, tmp_path / 'ref', extra=extra)
+        expected = ref_probe.first_bad_iter
+    cfg = zoo.child_config(name, data, str(tmp_path / 'raise'),
+                           length=LENGTH.get(name, 1), hook='line',
+                           extra=extra)
+    cfg.log_level = 'WARNING'
+    runner = Runner.from_cfg(cfg)
+    probe = _Batches()
+    runner.register_hook(probe)
+    with pytest.raises(NonFiniteError) as info:
+        runner.train()
+    error = info.value
+    if kind == 'data':
+        bad = [osp.join(data['img_dir'], d) for d in data['defect_images']]
+        expected = [i for i, files in enumerate(probe.files)
+                    if set(files) & set(bad)][0]
+    assert expected is not None
+    assert error.iter == expected == probe.before[0]
+    assert error.trigger in ('loss', 'grad', 'exception')
+    # Weights and optimizer state are bitwise those before that iteration.
+    _assert_equal(zoo.weights(runner), probe.before[1], 'weights')
+    _assert_equal(runner.optim_wrapper.state_dict(), probe.before[2],
+                  'optimizer')
+    assert error.bundle and osp.isdir(error.bundle)
+    if kind == 'data':
+        named = [s.get('img_path') for s in error.report['samples']]
+        assert set(named) & set(bad), named
+    if 'size_mismatch' in (fault_kinds(name)):
+        # The root cause, not only the clipped box it left.
+        assert ('the annotation declares the image 640x320 (width x height) '
+                'but the file is 320x320') in error.report['summary']
+        assert 'has zero width' in error.report['summary']
+
+
+@pytest.mark.parametrize('name', NAMES)
+def test_skip_finishes_the_epoch(tmp_path, name):
+    kind, data, extra = _fault_config(name, tmp_path)
+    runner, probe, error = _run(
+        name, data, tmp_path / 'skip', hook='line', extra=extra,
+        hook_options=SKIP_OPTIONS.get(name, SKIP))
+    assert error is None
+    if zoo.ZOO[name].by_epoch:
+        assert runner.epoch == LENGTH.get(name, 1)
+    assert runner.iter == len(probe.lr) >= 2
+    skipped = runner.message_hub.get_scalar('train/nan_skipped').current()
+    assert skipped >= 1
+    assert all(torch.isfinite(v).all() for v in zoo.weights(runner).values()
+               if v.is_floating_point())
+
+
+def test_hook_class_is_the_registered_one():
+    assert RUNNERS.get('mmnanhook.NanDetectRunner').__name__ == \
+        'NanDetectRunner'
+    assert NanDetectHook.priority == 'ABOVE_NORMAL'
+
+
+@pytest.mark.mmdet
+def test_snippet_merges_with_a_config_that_has_custom_imports(tmp_path):
+    import mmdet
+    from mmengine.config import Config
+    shipped = osp.join(osp.dirname(mmdet.__file__), '.mim', 'configs',
+                       'convnext',
+                       'mask-rcnn_convnext-t-p4-w7_fpn_amp-ms-crop-3x_coco.py')
+    base = Config.fromfile(shipped, import_custom_modules=False)
+    child = tmp_path / 'child.py'
+    child.write_text('_base_ = %r\n' % ([
+        shipped, osp.join(zoo.config_dir(), '_base_', 'nan_detect.py')], ))
+    cfg = Config.fromfile(str(child), import_custom_modules=False)
+    assert cfg.runner_type == 'mmnanhook.NanDetectRunner'
+    assert cfg.custom_imports == base.custom_imports
+    assert cfg.default_hooks == base.default_hooks
+    assert cfg.get('custom_hooks') == base.get('custom_hooks')
