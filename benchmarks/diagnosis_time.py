@@ -89,7 +89,8 @@ def _run(name, overrides, defect, clean_iters, warmup, work_dir):
     report and the bundle's size in bytes."""
     from mmengine.runner import Runner
 
-    from mmnanhook import NonFiniteError, testbed
+    from mmnanhook import NonFiniteError
+    from mmnanhook.testing import testbed
     overrides = getattr(testbed, overrides) if overrides else {}
     batch = 2
     num_images = batch * (clean_iters + 1)

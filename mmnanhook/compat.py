@@ -246,3 +246,35 @@ def distribution_version(names):
         except PackageNotFoundError:
             continue
     return None
+
+
+def release_grads(optim_wrapper):
+    """Free the gradients of an optim wrapper's parameters (``None``).
+
+    ``set_to_none`` exists since torch 1.7 and is the default since 2.0; on
+    older defaults the zeroed gradients would stay allocated.
+    """
+    optim_wrapper.optimizer.zero_grad(set_to_none=True)
+
+
+class BackwardDrain(object):
+    """Frees what a backward that raised left in autograd's ready queue.
+
+    A backward interrupted by an exception (anomaly mode's NaN check, which
+    torch < 1.13 cannot turn off; an in-place modification error) leaves
+    the nodes it had queued in the calling thread's ready queue until a
+    later backward on that thread pops them. torch 1.7 frees what is left at
+    process exit, after Python's finalization, where freeing a node that
+    holds Python objects (anomaly metadata, a hook) waits forever for the
+    GIL: the process hangs. Calling the drain runs a backward of its own,
+    tiny graph; built before the graphs it drains, its nodes are older, so
+    the queue pops (and frees) the leftovers first.
+    """
+
+    def __init__(self):
+        with torch.enable_grad():
+            self._root = torch.zeros((), requires_grad=True) * 1.0
+
+    def __call__(self):
+        with torch.enable_grad():
+            self._root.backward(retain_graph=True)

@@ -8,7 +8,7 @@ the hook found; nothing here knows the expected answer.
 import os.path as osp
 import tempfile
 
-from . import testbed
+from .testing import testbed
 from .errors import NonFiniteError
 
 # dota? -> (tiny config, defect planted, how that defect reaches the loss)
@@ -39,7 +39,7 @@ def demo_dataset(dota, root):
 
     Returns:
         dict: The generator's description of what it wrote (see
-        :mod:`mmnanhook.synthetic`), ``defects`` and ``defect_images``
+        :mod:`mmnanhook.testing.synthetic`), ``defects`` and ``defect_images``
         included.
     """
     config, defect, _ = _SETUPS[bool(dota)]

@@ -172,6 +172,9 @@ class _Session(object):
     """Replays of one batch on one model, each from the same start state."""
 
     def __init__(self, model, data_batch, restore_rng, state, amp_dtype):
+        # Built before any replay graph, to free what a raising backward of
+        # one leaves queued.
+        self.drain = compat.BackwardDrain()
         self.model = model
         self.data_batch = data_batch
         self.restore_rng = restore_rng
@@ -236,6 +239,7 @@ class _Session(object):
             with watch:
                 loss.backward()
         except Exception as error:  # noqa: BLE001 - a finding
+            self.drain()
             if is_anomaly_nan_error(error):
                 result.nan_check_stopped = True
             else:

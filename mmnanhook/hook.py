@@ -192,7 +192,11 @@ class NanDetectHook(Hook, Listener):
             self._buffers = BufferSnapshot(_unwrap(runner.model))
 
     def _after_step(self, runner):
-        if not self._guard.verify(runner.iter) or self._verified:
+        if not self._guard.verify(runner.iter):
+            return
+        # The update step is done: its batches can no longer be replayed.
+        self._memory.clear()
+        if self._verified:
             return
         # Said only now that a check has really run for an update step.
         self._verified = True

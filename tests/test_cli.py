@@ -25,11 +25,12 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import replay_toys
-from mmnanhook import NonFiniteError, compat, testbed
+from mmnanhook import NonFiniteError, compat
+from mmnanhook.testing import testbed
 from mmnanhook.bundle import load_bundle
 from mmnanhook.sentinel import capture_rng, restore_rng
 from test_bundle import CORRUPTIONS, _replace_listed_file
-from test_tier1_amp import CpuAmpOptimWrapper  # noqa: F401 - registers it
+from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
 
 TESTS_DIR = osp.dirname(osp.abspath(__file__))
 BATCH = 2

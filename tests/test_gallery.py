@@ -6,7 +6,6 @@ learning rate, the RNG), trains it on a real Runner with ``NanDetectHook``,
 and checks what the bundle and the diagnosis say against what was planted.
 Expected source lines are found in this file by a marker comment.
 """
-import contextlib
 import glob
 import json
 import math
@@ -15,18 +14,16 @@ import os.path as osp
 
 import pytest
 import torch
-import torch.nn as nn
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
-from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
 from mmengine.runner import Runner
 
-from mmnanhook import NonFiniteError, compat, testbed
+from mmnanhook import NonFiniteError, compat
 from mmnanhook.bundle import load_bundle, to_strict_json
 from mmnanhook.sentinel import restore_rng
+from mmnanhook.testing import faults, testbed
+from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
 from test_diagnosis import _is_op
-from test_tier1_amp import CpuAmpOptimWrapper
 import test_tier1_ddp
 from test_tier1_ddp import BAD_ITER, BAD_RANK, run_two_ranks
 
@@ -35,131 +32,6 @@ MANIFEST_KEYS = ('format_version', 'iter', 'epoch', 'rank', 'world_size',
                  'nonfinite_grads', 'versions', 'files')
 VERSION_KEYS = ('python', 'torch', 'mmengine', 'mmcv', 'mmdet', 'mmrotate',
                 'mmnanhook')
-
-# The first torch draw of a forward drops the feature map below this.
-DROP_P = 0.05
-# Multiplies a feature map: > 65504 (the float16 max) from O(1) features.
-AMPLIFY = 1e5
-
-
-def _line_of(marker):
-    """``file:line`` of the line of this file ending in ``# MARK marker``."""
-    path = osp.abspath(__file__)
-    with open(path) as f:
-        hits = [i + 1 for i, text in enumerate(f)
-                if text.rstrip().endswith('# MARK ' + marker)]
-    assert len(hits) == 1, marker
-    return '{}:{}'.format(path, hits[0])
-
-
-# -- planted modules ---------------------------------------------------------
-
-
-class SqrtL1Loss(nn.Module):
-    """A box loss written as ``sqrt(weight * err**2)``: finite forward, but
-    the zero weight of every negative anchor puts ``sqrt`` at 0, whose
-    derivative is infinite (and ``0 * inf`` behind it is NaN)."""
-
-    def __init__(self, loss_weight=1.0):
-        super(SqrtL1Loss, self).__init__()
-        self.loss_weight = loss_weight
-
-    def forward(self, pred, target, weight=None, avg_factor=None,
-                reduction_override=None):
-        err = (pred - target)**2
-        if weight is not None:
-            err = err * weight
-        loss = torch.sqrt(err).sum()  # MARK sqrt
-        return self.loss_weight * loss / max(float(avg_factor or 1), 1.0)
-
-
-class _DivideByScale(nn.Module):
-    """Divides by a scale buffer that nobody initialised (zeros)."""
-
-    def __init__(self):
-        super(_DivideByScale, self).__init__()
-        self.register_buffer('scale', torch.zeros(1))
-
-    def forward(self, x):
-        return x / self.scale  # MARK divide
-
-
-class _InplaceGate(nn.Module):
-    """Gates a feature map, but rescales the gate in place."""
-
-    def forward(self, x):
-        gate = x.sigmoid()  # MARK sigmoid
-        gate.mul_(2)  # sigmoid's backward needs its unmodified output
-        return x * gate
-
-
-class _RandomDrop(nn.Module):
-    """Drops the whole map with probability DROP_P, rescaled by the kept
-    fraction: ``0 / 0`` when dropped."""
-
-    def forward(self, x):
-        keep = (torch.rand(()) >= DROP_P).to(x.dtype)
-        return x * keep / keep  # MARK drop
-
-
-class _Amplify(nn.Module):
-    """Finite in float32, beyond the float16 range under autocast."""
-
-    def forward(self, x):
-        return x * AMPLIFY  # MARK amplify
-
-
-TAILS = {
-    'divide': _DivideByScale,
-    'inplace': _InplaceGate,
-    'drop': _RandomDrop,
-    'amplify': _Amplify,
-}
-
-
-class GalleryNeck(nn.Module):
-    """A neck that runs a stock FPN, then one planted module (``tail``) on
-    its finest output: the parent of the fault, never its producer.
-
-    Args:
-        fpn (dict): The FPN config.
-        tail (str): A key of ``TAILS``.
-    """
-
-    def __init__(self, fpn, tail):
-        super(GalleryNeck, self).__init__()
-        from mmdet.registry import MODELS
-        self.fpn = MODELS.build(fpn)
-        self.tail = TAILS[tail]()
-
-    def forward(self, feats):
-        outs = list(self.fpn(feats))
-        outs[0] = self.tail(outs[0])
-        return tuple(outs)
-
-
-@OPTIM_WRAPPERS.register_module(force=True)
-class CpuFp16AmpOptimWrapper(CpuAmpOptimWrapper):
-    """``CpuAmpOptimWrapper`` with float16 autocast on CPU (torch >= 2.x
-    autocasts float16 there; mmengine's ``autocast`` allows only bfloat16 on
-    CPU, so the context is torch's own)."""
-
-    def __init__(self, **kwargs):
-        super(CpuFp16AmpOptimWrapper, self).__init__(**kwargs)
-        self.cast_dtype = torch.float16
-
-    @contextlib.contextmanager
-    def optim_context(self, model):
-        with OptimWrapper.optim_context(self, model), \
-                compat.autocast('cpu', torch.float16):
-            yield
-
-
-def _register_mmdet_modules():
-    from mmdet.registry import MODELS
-    MODELS.register_module(module=SqrtL1Loss, force=True)
-    MODELS.register_module(module=GalleryNeck, force=True)
-
 
 class _AtIter(Hook):
     """Calls ``action(runner)`` before the train iterations in ``iters``."""
@@ -314,7 +186,7 @@ def test_degenerate_gt_box_names_the_image_and_writes_a_full_bundle(
 
 @pytest.mark.mmdet
 def test_sqrt_at_zero_in_a_custom_loss_names_the_sqrt_node(tmp_path):
-    _register_mmdet_modules()
+    faults.register_mmdet_modules()
     runner, _ = _runner(
         tmp_path, 'retinanet', max_iters=1,
         **{'model.bbox_head.loss_bbox': dict(type='SqrtL1Loss')})
@@ -329,7 +201,7 @@ def test_sqrt_at_zero_in_a_custom_loss_names_the_sqrt_node(tmp_path):
     assert _is_op(report['op'], 'SqrtBackward')
     assert report['backward']['inf'] > 0 and report['backward']['nan'] == 0
     assert report['module'] == 'bbox_head.loss_bbox'
-    assert report['location'] == _line_of('sqrt')
+    assert report['location'] == faults.line_of('sqrt')
     assert report['batch_problems'] == []
     assert any('clamp' in hint for hint in report['hints'])
 
@@ -340,7 +212,7 @@ def test_sqrt_at_zero_in_a_custom_loss_names_the_sqrt_node(tmp_path):
 @pytest.mark.mmdet
 def test_forward_division_by_zero_names_the_producer_not_its_parent(
         tmp_path):
-    _register_mmdet_modules()
+    faults.register_mmdet_modules()
     runner, _ = _runner(tmp_path, 'retinanet', tail='divide', max_iters=1)
     error = _raises(runner)
     assert error.trigger == 'loss'
@@ -349,7 +221,7 @@ def test_forward_division_by_zero_names_the_producer_not_its_parent(
     assert report['module'] == 'neck.tail'
     assert report['forward']['module'] == 'neck.tail'
     assert _is_op(report['op'], 'DivBackward')
-    assert report['location'] == _line_of('divide')
+    assert report['location'] == faults.line_of('divide')
     assert report['params'] == [] and report['batch_problems'] == []
 
 
@@ -383,7 +255,7 @@ def test_nan_written_into_one_weight_is_a_params_finding(tmp_path):
 
 @pytest.mark.mmdet
 def test_inplace_error_propagates_with_a_bundle_naming_the_line(tmp_path):
-    _register_mmdet_modules()
+    faults.register_mmdet_modules()
     runner, _ = _runner(tmp_path, 'retinanet', tail='inplace', max_iters=1)
     error = _raises(runner, RuntimeError)
     assert type(error) is RuntimeError  # the original type, not wrapped
@@ -401,32 +273,20 @@ def test_inplace_error_propagates_with_a_bundle_naming_the_line(tmp_path):
     assert report['exception']['type'] == 'RuntimeError'
     assert report['exception']['phase'] == 'backward'
     assert _is_op(report['op'], 'SigmoidBackward')
-    assert report['location'] == _line_of('sigmoid')
+    assert report['location'] == faults.line_of('sigmoid')
     assert report['module'] == 'neck.tail'
 
 
 # -- 6. an RNG-dependent fault -----------------------------------------------
 
 
-def _seed(first_draw_drops, second_draw_drops=False):
-    """A torch seed whose first two ``torch.rand(())`` draws fall below /
-    above ``DROP_P`` as asked."""
-    for seed in range(10000):
-        gen = torch.Generator().manual_seed(seed)
-        draws = [float(torch.rand((), generator=gen)) for _ in range(2)]
-        if [d < DROP_P for d in draws] == [first_draw_drops,
-                                           second_draw_drops]:
-            return seed
-    raise AssertionError('no such seed')
-
-
 @pytest.mark.mmdet
 def test_rng_dependent_fault_reproduces_in_the_replay(tmp_path):
-    _register_mmdet_modules()
+    faults.register_mmdet_modules()
     # The user's RNG state at iteration 1 drops the map in the first draw
     # of the forward, not in the draw after it: a replay that did not put
     # the RNG back would come out finite.
-    seeds = {0: _seed(False), 1: _seed(True, False)}
+    seeds = {0: faults.seed_of(False), 1: faults.seed_of(True, False)}
     runner, _ = _runner(
         tmp_path, 'retinanet', tail='drop', max_iters=2,
         hooks=[_AtIter(lambda _, it: torch.manual_seed(seeds[it]), seeds)])
@@ -435,12 +295,12 @@ def test_rng_dependent_fault_reproduces_in_the_replay(tmp_path):
     bundle, report = _bundle_of(error, tmp_path / 'dumps')
     assert report['kind'] == 'forward'
     assert report['module'] == 'neck.tail'
-    assert report['location'] == _line_of('drop')
+    assert report['location'] == faults.line_of('drop')
     # The bundle's RNG state is the one before that forward.
     state = torch.get_rng_state()
     try:
         restore_rng(bundle.load('rng'))
-        assert float(torch.rand(())) < DROP_P
+        assert float(torch.rand(())) < faults.DROP_P
     finally:
         torch.set_rng_state(state)
 
@@ -518,7 +378,7 @@ def test_amp_real_bug_is_not_called_an_overflow(tmp_path):
     compat.autocast('cpu', torch.float16) is None,
     reason='this torch cannot autocast to float16 on CPU')
 def test_amp_fp16_range_overflow_names_the_module(tmp_path):
-    _register_mmdet_modules()
+    faults.register_mmdet_modules()
     runner, _ = _runner(
         tmp_path, 'retinanet', tail='amplify', max_iters=1,
         **{'optim_wrapper.type': 'CpuFp16AmpOptimWrapper',
@@ -530,7 +390,7 @@ def test_amp_fp16_range_overflow_names_the_module(tmp_path):
     assert report['kind'] == 'overflow'
     assert report['overflow']['module'] == 'neck.tail'
     assert report['module'] == 'neck.tail'
-    assert report['location'] == _line_of('amplify')
+    assert report['location'] == faults.line_of('amplify')
     assert report['overflow']['max_abs'] > torch.finfo(torch.float16).max
     assert math.isfinite(report['overflow']['max_abs'])
 

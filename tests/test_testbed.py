@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from mmnanhook import synthetic, testbed
+from mmnanhook.testing import synthetic, testbed
 
 SIZE = 64
 

@@ -1,21 +1,20 @@
 """Tier 1 under AMP on CPU: bf16 autocast with a real CPU GradScaler.
 
-``AmpOptimWrapper.__init__`` asserts a GPU, so :class:`CpuAmpOptimWrapper`
-replaces only the constructor; every other method under test is the real
-``AmpOptimWrapper`` one. It is registered, so a config can name it the way
-``tools/train.py --amp`` names ``AmpOptimWrapper``.
+``AmpOptimWrapper.__init__`` asserts a GPU, so
+:class:`~mmnanhook.testing.cpu_amp.CpuAmpOptimWrapper` replaces only the
+constructor; every other method under test is the real ``AmpOptimWrapper``
+one.
 """
 import copy
 
 import pytest
 import torch
-from mmengine.optim import AmpOptimWrapper, OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
 
 from mmnanhook import compat
 from mmnanhook.sentinel import sentinel_of
-from test_tier1_toy import (Probe, _assert_same, _assert_state_same,
-                            _params, _train_raises, make_runner)
+from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
+from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
+                                   make_runner, params, train_error)
 
 pytestmark = pytest.mark.skipif(
     compat.cpu_grad_scaler() is None,
@@ -24,23 +23,6 @@ pytestmark = pytest.mark.skipif(
 
 SCALE = 2.0**16
 ALL = 16  # samples in the toy dataset
-
-
-@OPTIM_WRAPPERS.register_module(force=True)
-class CpuAmpOptimWrapper(AmpOptimWrapper):
-    """``AmpOptimWrapper`` with bf16 autocast and a CPU GradScaler.
-
-    Args:
-        loss_scale (str | dict): ``'dynamic'`` or GradScaler kwargs.
-        **kwargs: ``OptimWrapper`` arguments.
-    """
-
-    def __init__(self, loss_scale='dynamic', **kwargs):
-        OptimWrapper.__init__(self, **kwargs)
-        scaler_kwargs = {} if loss_scale == 'dynamic' else dict(loss_scale)
-        self.loss_scaler = compat.cpu_grad_scaler(**scaler_kwargs)
-        self.cast_dtype = torch.bfloat16
-        self._scale_update_param = None
 
 
 def amp_wrapper(**kwargs):
@@ -79,7 +61,7 @@ def test_overflow_is_not_a_failure(tmp_path, anomaly):
     assert runner.iter == 4
     assert _scales(runner) == [SCALE, SCALE, SCALE / 2, SCALE / 2]
     # GradScaler skipped the overflowing step.
-    _assert_same(probe.after[1][0], probe.before[1][0])
+    assert_same(probe.after[1][0], probe.before[1][0])
     assert not torch.equal(probe.after[2][0]['fc.weight'],
                            probe.before[2][0]['fc.weight'])
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 0
@@ -89,7 +71,7 @@ def test_nan_loss_under_amp_is_a_trigger(tmp_path):
     runner = make_runner(tmp_path, faults={2: 'nan_term'},
                          hook=dict(type='NanDetectHook'),
                          optim_wrapper=amp_wrapper())
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 1)
     assert 'loss_aux=nan' in str(err) and 'loss_scale=65536' in str(err)
 
@@ -100,7 +82,7 @@ def test_loss_scale_below_minimum_is_a_trigger(tmp_path):
                          hook=dict(type='NanDetectHook',
                                    min_loss_scale=2.0**14),
                          optim_wrapper=amp_wrapper())
-    err = _train_raises(runner)
+    err = train_error(runner)
     # 65536, 32768 and 16384 overflow; 8192 is below the minimum.
     assert (err.trigger, err.iter) == ('amp_scale', 3)
     assert 'min_loss_scale=16384' in str(err)
@@ -113,7 +95,7 @@ def test_consecutive_overflow_skips_are_a_trigger(tmp_path):
                          hook=dict(type='NanDetectHook', min_loss_scale=None,
                                    max_overflow_skips=2),
                          optim_wrapper=amp_wrapper())
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('amp_scale', 2)
     assert '3 consecutive AMP overflow skips' in str(err)
 
@@ -124,9 +106,9 @@ def test_skip_under_amp_leaves_everything_bitwise(tmp_path):
                          hook=dict(type='NanDetectHook', policy='skip'),
                          optim_wrapper=amp_wrapper())
     runner.train()
-    _assert_same(probe.after[1][0], probe.before[1][0])
+    assert_same(probe.after[1][0], probe.before[1][0])
     # Optimizer state and the GradScaler's state (scale, growth tracker).
-    _assert_state_same(probe.after[1][1], probe.before[1][1])
+    assert_state_same(probe.after[1][1], probe.before[1][1])
     assert 'loss_scaler' in probe.after[1][1]
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
 
@@ -145,7 +127,7 @@ def test_unscaled_norm_and_clipping_match_mmengine(tmp_path, clip):
     runner = make_runner(tmp_path / 'nan', optim_wrapper=ours,
                          hook=dict(type='NanDetectHook'))
     runner.train()
-    _assert_same(_params(runner), _params(ref))
+    assert_same(params(runner), params(ref))
     theirs = list(ref.message_hub.get_scalar('train/grad_norm').data[0])
     assert list(
         runner.message_hub.get_scalar('train/grad_norm').data[0]) == theirs
@@ -162,6 +144,6 @@ def test_amp_style_rewritten_wrapper_is_checked(tmp_path):
     runner.train()
     assert probe.wrapper_types == [('CpuAmpOptimWrapper',
                                     [('CpuAmpOptimWrapper', True)])] * 4
-    assert type(runner.optim_wrapper) is CpuAmpOptimWrapper
+    assert type(runner.optim_wrapper) is cpu_amp.CpuAmpOptimWrapper
     assert sentinel_of(runner.optim_wrapper) is None
     assert _scales(runner) == [SCALE] * 4

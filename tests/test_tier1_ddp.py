@@ -25,7 +25,7 @@ def _worker(out_dir):
     import torch.distributed as dist
     dist.init_process_group('gloo')
     rank = dist.get_rank()
-    from test_tier1_toy import make_runner
+    from mmnanhook.testing.toy import make_runner
 
     from mmnanhook import NonFiniteError
     runner = make_runner(

@@ -7,8 +7,9 @@ stay finite, so only the loss check can stop the step.
 import pytest
 from mmengine.runner import Runner
 
-from mmnanhook import NonFiniteError, compat, testbed
-from test_tier1_toy import Probe, _assert_same
+from mmnanhook import NonFiniteError, compat
+from mmnanhook.testing import testbed
+from mmnanhook.testing.toy import Probe, assert_same
 
 
 def _runner(tmp_path, name, defects, hook=None, max_iters=3, **overrides):
@@ -36,7 +37,7 @@ def test_retinanet_inf_loss_term_is_named_before_the_step(tmp_path):
     assert (err.trigger, err.iter, err.rank) == ('loss', 0, 0)
     assert 'loss_bbox=inf' in str(err) and 'loss_cls=' in str(err)
     assert 'non-finite gradients' not in str(err)
-    _assert_same(
+    assert_same(
         {n: p.detach() for n, p in runner.model.named_parameters()},
         probe.before[0][0])
 
@@ -47,7 +48,7 @@ def test_retinanet_skip_policy_trains_on(tmp_path):
                             hook=dict(type='NanDetectHook', policy='skip'))
     runner.train()
     assert runner.iter == 3
-    _assert_same(probe.after[1][0], probe.before[1][0])
+    assert_same(probe.after[1][0], probe.before[1][0])
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
 
 
@@ -56,7 +57,7 @@ def test_retinanet_skip_policy_trains_on(tmp_path):
     compat.cpu_grad_scaler() is None,
     reason='needs a CPU GradScaler (torch >= 2.3) to run AMP on CPU')
 def test_retinanet_after_amp_rewrote_the_wrapper_type(tmp_path):
-    import test_tier1_amp  # noqa: F401 - registers CpuAmpOptimWrapper
+    from mmnanhook.testing import cpu_amp  # noqa: F401 - registers it
 
     # What mmdet's tools/train.py --amp does to the config.
     runner, probe = _runner(
@@ -82,6 +83,6 @@ def test_rotated_retinanet_degenerate_box(tmp_path):
         runner.train()
     assert (info.value.trigger, info.value.iter) == ('loss', 0)
     assert 'loss_bbox=inf' in str(info.value)
-    _assert_same(
+    assert_same(
         {n: p.detach() for n, p in runner.model.named_parameters()},
         probe.before[0][0])

@@ -18,7 +18,7 @@ from mmengine.utils import digit_version
 
 from mmnanhook import CheckBypassedError, NonFiniteError, compat
 from mmnanhook.sentinel import sentinel_of
-from test_tier1_toy import Probe, ToyModel, _assert_same, make_runner
+from mmnanhook.testing.toy import Probe, ToyModel, assert_same, make_runner
 
 SCHEDULE = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=3),
@@ -78,7 +78,7 @@ def test_schedulers_see_the_same_run_with_and_without_the_hook(tmp_path):
     assert probe.lr == ref_probe.lr and probe.momentum == ref_probe.momentum
     assert probe.global_step == ref_probe.global_step == list(range(8))
     assert probe.marked == [True] * 8
-    _assert_same(probe.after[7][0], ref_probe.after[7][0])
+    assert_same(probe.after[7][0], ref_probe.after[7][0])
     # The warmup really moved the LR: the comparison means something.
     assert len(set(lr[0] for lr in probe.lr)) >= 3
     norms = runner.message_hub.get_scalar('train/grad_norm').data[0]
@@ -111,7 +111,7 @@ def test_fault_is_caught_through_the_scheduler_counter(tmp_path):
                                        hook=dict(type='NanDetectHook'))
     assert isinstance(error, NonFiniteError) and not bad
     assert (error.trigger, error.iter) == ('loss', 3)
-    _assert_same({n: p.detach() for n, p in runner.model.named_parameters()},
+    assert_same({n: p.detach() for n, p in runner.model.named_parameters()},
                  probe.before[3][0])
 
 
@@ -126,7 +126,7 @@ def test_skip_keeps_the_schedule_and_its_step_count(tmp_path):
     assert probe.global_step == ref_probe.global_step
     assert probe.lr == ref_probe.lr and probe.momentum == ref_probe.momentum
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 2
-    _assert_same(probe.after[0][0], probe.before[0][0])
+    assert_same(probe.after[0][0], probe.before[0][0])
 
 
 def test_configured_wrapper_is_checked_through_the_scheduler(tmp_path):
@@ -268,5 +268,5 @@ def test_compiled_train_step_is_checked(tmp_path):
         tmp_path, faults={6: 'nan_term'}, hook=dict(type='NanDetectHook'),
         cfg=dict(compile=dict(backend='eager')))
     assert isinstance(error, NonFiniteError) and error.iter == 3
-    _assert_same({n: p.detach() for n, p in runner.model.named_parameters()},
+    assert_same({n: p.detach() for n, p in runner.model.named_parameters()},
                  probe.before[3][0])

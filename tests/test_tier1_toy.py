@@ -1,234 +1,21 @@
 """Tier 1 on a real MMEngine Runner with a toy model (mmengine only).
 
-The toy model and the runner factory here are reused by the AMP and DDP
-tests. Faults are planted per sample: with ``DefaultSampler(shuffle=False)``
-and batch size 2, sample ``2k`` / ``2k + 1`` is in iteration ``k``.
+The toy model and the runner factory are :mod:`mmnanhook.testing.toy`.
 """
 import copy
-import glob
 import math
-import os.path as osp
-import uuid
 
 import pytest
 import torch
-import torch.nn as nn
 from mmengine.hooks import Hook
-from mmengine.model import BaseModel
-from mmengine.optim import OptimWrapper, OptimWrapperDict
-from mmengine.runner import Runner
-from torch.utils.data import Dataset
+from mmengine.optim import OptimWrapper
 
-from mmnanhook import (NanDetectHook, NanDetectOptimWrapper, NonFiniteError,
+from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
                        install_nan_detect)
 from mmnanhook.sentinel import sentinel_of
-
-BATCH = 2
-
-# The wrapper methods the install binds onto the instance.
-_BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
-
-
-class _NanGrad(torch.autograd.Function):
-    """Identity whose gradient is NaN: a NaN born in backward only."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * float('nan')
-
-
-class ToyDataset(Dataset):
-    """``n`` random 4-vectors; ``faults`` maps a sample index to a fault."""
-
-    metainfo = dict(name='toy')
-
-    def __init__(self, n=16, faults=None):
-        g = torch.Generator().manual_seed(0)
-        faults = faults or {}
-        self.items = [
-            dict(inputs=torch.randn(4, generator=g), fault=faults.get(i, ''))
-            for i in range(n)
-        ]
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, index):
-        return self.items[index]
-
-
-class ToyModel(BaseModel):
-    """Two linear layers and two loss terms; faults come with the data.
-
-    Faults: ``nan_term`` (loss_aux NaN), ``inf_target`` (loss_aux inf with
-    finite gradients), ``nan_grad`` (NaN gradient of ``head.bias`` only),
-    ``huge_grad`` (finite gradients whose float32 norm overflows),
-    ``inplace`` (an in-place write that breaks backward), ``overflow`` /
-    ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
-    into NaN: once at scale 2**16, or down to scale 2).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.fc = nn.Linear(4, 3)
-        self.head = nn.Linear(3, 1)
-        self.amp_w = nn.Parameter(torch.ones(2))
-        self.anomaly_seen = []
-
-    def forward(self, inputs, fault=None, mode='tensor'):
-        self.anomaly_seen.append((mode, torch.is_anomaly_enabled()))
-        faults = set(f for f in (fault or []) if f)
-        x = torch.stack(inputs)
-        h = self.fc(x)
-        if 'inplace' in faults:
-            h = h.sigmoid()
-            out = h * 2
-            h.add_(1)  # modifies what sigmoid's backward needs
-            h = out
-        bias = self.head.bias
-        if 'nan_grad' in faults:
-            bias = _NanGrad.apply(bias)
-        y = nn.functional.linear(h, self.head.weight, bias)
-        if mode != 'loss':
-            return y
-        target = 1.0
-        if 'inf_target' in faults:
-            target = float('inf')
-        loss_aux = (y - target).abs().mean()
-        if 'nan_term' in faults:
-            loss_aux = loss_aux * float('nan')
-        loss_main = y.pow(2).mean()
-        if 'huge_grad' in faults:
-            loss_main = loss_main * 1e30
-        # Zero in value; 2**16 * 1e34 overflows float32 in backward and
-        # inf * 0 turns into NaN in the MulBackward of amp_w * 0.
-        big = 0.0
-        if 'overflow' in faults:
-            big = 1e34
-        if 'overflow_hard' in faults:
-            big = 1e38
-        loss_main = loss_main + (self.amp_w * torch.zeros(2) * big).sum()
-        return dict(loss_main=loss_main, loss_aux=loss_aux,
-                    acc=torch.tensor(float('nan')))
-
-
-class Probe(Hook):
-    """Snapshots parameters and optimizer state around each train iteration.
-    """
-
-    priority = 'VERY_LOW'
-
-    def __init__(self):
-        self.before = {}
-        self.after = {}
-        self.wrapper_types = []
-
-    def _snapshot(self, runner):
-        params = {n: p.detach().clone()
-                  for n, p in runner.model.named_parameters()}
-        return params, copy.deepcopy(runner.optim_wrapper.state_dict())
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        self.before[runner.iter] = self._snapshot(runner)
-        ow = runner.optim_wrapper
-        members = ow.values() if isinstance(ow, OptimWrapperDict) else [ow]
-        self.wrapper_types.append(
-            (type(ow).__name__, [(type(m).__name__, sentinel_of(m) is not None)
-                                 for m in members]))
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
-        self.after[runner.iter] = self._snapshot(runner)
-
-
-def make_runner(tmp_path, faults=None, hook=None, optim_wrapper=None,
-                max_iters=4, n=16, model=None, probe=None, val=False,
-                log_level='WARNING', **kwargs):
-    """A Runner training the toy model for ``max_iters`` iterations.
-
-    Args:
-        hook (dict | Hook | None): Put in ``custom_hooks`` (with ``probe``).
-        optim_wrapper (dict | callable, optional): Config, or a function of
-            the model returning a built wrapper.
-        val (bool): Add a val loop after every 2 iterations.
-    """
-    model = model if model is not None else ToyModel()
-    if callable(optim_wrapper):
-        optim_wrapper = optim_wrapper(model)
-    elif optim_wrapper is None:
-        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1,
-                                            momentum=0.9))
-    custom_hooks = [h for h in (hook, probe) if h is not None]
-    loader = dict(dataset=ToyDataset(n, faults),
-                  sampler=dict(type='DefaultSampler', shuffle=False),
-                  batch_size=BATCH, num_workers=0,
-                  collate_fn=dict(type='pseudo_collate'))
-    if val:
-        kwargs.update(
-            val_dataloader=dict(loader, dataset=ToyDataset(4)),
-            val_cfg=dict(), val_evaluator=[ToyMetric()])
-    return Runner(
-        model=model, work_dir=str(tmp_path),
-        experiment_name='toy_' + uuid.uuid4().hex,
-        train_dataloader=loader,
-        train_cfg=dict(by_epoch=False, max_iters=max_iters,
-                       val_interval=2),
-        optim_wrapper=optim_wrapper, custom_hooks=custom_hooks,
-        default_hooks=kwargs.pop('default_hooks', dict(checkpoint=None)),
-        log_level=log_level,
-        default_scope='mmengine', randomness=dict(seed=0), **kwargs)
-
-
-from mmengine.evaluator import BaseMetric  # noqa: E402
-
-
-class ToyMetric(BaseMetric):
-
-    def process(self, data_batch, data_samples):
-        self.results.append(0.0)
-
-    def compute_metrics(self, results):
-        return dict(zero=0.0)
-
-
-def _params(runner):
-    return {n: p.detach().clone() for n, p in runner.model.named_parameters()}
-
-
-def _assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
-def _assert_state_same(a, b):
-    if torch.is_tensor(a):
-        assert torch.is_tensor(b) and torch.equal(a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            _assert_state_same(a[k], b[k])
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            _assert_state_same(x, y)
-    else:
-        assert a == b
-
-
-def _log_text(runner):
-    paths = glob.glob(osp.join(runner.log_dir, '*.log'))
-    return ''.join(open(p).read() for p in paths)
-
-
-def _train_raises(runner):
-    with pytest.raises(NonFiniteError) as info:
-        runner.train()
-    return info.value
+from mmnanhook.testing.toy import (BOUND, Probe, ToyModel, assert_same,
+                                   assert_state_same, log_text, make_runner,
+                                   params, train_error)
 
 
 # -- what triggers, and what the error says --------------------------------
@@ -238,21 +25,21 @@ def test_nan_loss_term_is_named_and_step_not_applied(tmp_path):
     probe = Probe()
     runner = make_runner(tmp_path, faults={3: 'nan_term'},
                          hook=dict(type='NanDetectHook'), probe=probe)
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert isinstance(err, FloatingPointError)
     assert (err.trigger, err.iter, err.rank) == ('loss', 1, 0)
     text = str(err)
     assert 'loss_aux=nan' in text and 'iter 1' in text and 'rank 0' in text
     assert 'loss_main=' in text and 'acc' not in text
     # The poisoned step never reached the parameters.
-    _assert_same(_params(runner), probe.before[1][0])
-    assert all(torch.isfinite(p).all() for p in _params(runner).values())
+    assert_same(params(runner), probe.before[1][0])
+    assert all(torch.isfinite(p).all() for p in params(runner).values())
 
 
 def test_inf_loss_with_finite_gradients_triggers(tmp_path):
     runner = make_runner(tmp_path, faults={2: 'inf_target'},
                          hook=dict(type='NanDetectHook'))
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 1)
     assert 'loss_aux=inf' in str(err)
     # The gradients were finite: only the loss check could catch it.
@@ -263,7 +50,7 @@ def test_inf_loss_with_finite_gradients_triggers(tmp_path):
 def test_nan_gradient_of_one_parameter_is_named(tmp_path):
     runner = make_runner(tmp_path, faults={4: 'nan_grad'},
                          hook=dict(type='NanDetectHook'))
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('grad', 2)
     text = str(err)
     assert '1 of 5 parameters' in text and 'head.bias' in text
@@ -278,7 +65,7 @@ def test_huge_finite_gradients_overflowing_the_norm(tmp_path, clip):
     runner = make_runner(tmp_path, faults={2: 'huge_grad'},
                          hook=dict(type='NanDetectHook'),
                          optim_wrapper=optim_wrapper)
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('grad', 1)
     assert 'every gradient is finite' in str(err)
     assert 'non-finite gradients' not in str(err)
@@ -318,7 +105,7 @@ def test_clipping_reuses_the_norm_and_matches_mmengine(tmp_path, norm_type):
                          hook=dict(type='NanDetectHook'), probe=counter)
     runner.train()
     assert counter.calls == 0
-    _assert_same(_params(runner), _params(ref))
+    assert_same(params(runner), params(ref))
     ours = runner.message_hub.get_scalar('train/grad_norm').data[0]
     theirs = ref.message_hub.get_scalar('train/grad_norm').data[0]
     assert list(ours) == list(theirs)
@@ -347,15 +134,15 @@ def test_skip_leaves_parameters_and_optimizer_state_bitwise(tmp_path):
     runner.train()
     params_before, state_before = probe.before[1]
     params_after, state_after = probe.after[1]
-    _assert_same(params_after, params_before)
-    _assert_state_same(state_after['state'], state_before['state'])
+    assert_same(params_after, params_before)
+    assert_state_same(state_after['state'], state_before['state'])
     # Training went on around the skipped step.
     assert not torch.equal(probe.after[2][0]['fc.weight'],
                            probe.before[2][0]['fc.weight'])
     assert runner.iter == 4
     skipped = runner.message_hub.get_scalar('train/nan_skipped')
     assert skipped.current() == 1
-    assert 'Non-finite loss' in _log_text(runner)
+    assert 'Non-finite loss' in log_text(runner)
 
 
 def test_skip_zeroes_gradients_when_step_is_called_directly():
@@ -366,7 +153,7 @@ def test_skip_zeroes_gradients_when_step_is_called_directly():
     losses = model([torch.ones(4)], fault=['nan_term'], mode='loss')
     ow.backward(losses['loss_main'] + losses['loss_aux'])
     ow.step()
-    _assert_same({n: p.detach() for n, p in model.named_parameters()},
+    assert_same({n: p.detach() for n, p in model.named_parameters()},
                  before)
     assert all(p.grad is None or float(p.grad.abs().sum()) == 0
                for p in model.parameters())
@@ -375,7 +162,7 @@ def test_skip_zeroes_gradients_when_step_is_called_directly():
 def test_max_skips_raises_after_consecutive_skips(tmp_path):
     hook = dict(type='NanDetectHook', policy='skip', max_skips=2)
     faults = {2: 'nan_term', 4: 'nan_term', 6: 'nan_term'}
-    err = _train_raises(make_runner(tmp_path / 'a', faults=faults,
+    err = train_error(make_runner(tmp_path / 'a', faults=faults,
                                     hook=hook))
     assert (err.trigger, err.iter) == ('loss', 3)
     assert 'max_skips=2' in str(err)
@@ -394,8 +181,8 @@ def test_warn_steps_as_mmengine_would(tmp_path):
     runner = make_runner(tmp_path / 'warn', faults=faults,
                          hook=dict(type='NanDetectHook', policy='warn'))
     runner.train()
-    _assert_same(_params(runner), _params(ref))
-    assert 'Non-finite loss' in _log_text(runner)
+    assert_same(params(runner), params(ref))
+    assert 'Non-finite loss' in log_text(runner)
 
 
 # -- gradient accumulation --------------------------------------------------
@@ -410,10 +197,10 @@ def test_accumulation_checks_every_micro_step_decides_at_update(tmp_path):
         hook=dict(type='NanDetectHook'),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1),
                            accumulative_counts=2))
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 3)
     assert 'micro-step of iter 2' in str(err)
-    _assert_same(_params(runner), probe.before[2][0])
+    assert_same(params(runner), probe.before[2][0])
 
 
 def test_accumulation_skip_drops_the_whole_window(tmp_path):
@@ -424,7 +211,7 @@ def test_accumulation_skip_drops_the_whole_window(tmp_path):
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9),
                            accumulative_counts=2), max_iters=6)
     runner.train()
-    _assert_same(probe.after[3][0], probe.before[2][0])
+    assert_same(probe.after[3][0], probe.before[2][0])
     assert not torch.equal(probe.after[5][0]['fc.weight'],
                            probe.before[4][0]['fc.weight'])
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
@@ -467,7 +254,7 @@ def test_anomaly_restored_and_patches_removed_after_exception(tmp_path):
     assert 'parse_losses' not in vars(runner.model)
     assert type(runner.optim_wrapper) is OptimWrapper
     assert not [k for k in vars(runner.optim_wrapper) if k.startswith('_nan')]
-    assert not set(vars(runner.optim_wrapper)) & set(_BOUND)
+    assert not set(vars(runner.optim_wrapper)) & set(BOUND)
 
 
 def _shown(exc):
@@ -483,8 +270,8 @@ def test_inplace_error_keeps_type_and_gains_forward_traceback(tmp_path):
     assert type(exc) is RuntimeError
     assert 'modified by an inplace operation' in _shown(exc)
     assert 'h = h.sigmoid()' in _shown(exc)
-    assert 'test_tier1_toy.py' in _shown(exc)
-    assert 'h = h.sigmoid()' in _log_text(runner)
+    assert 'testing/toy.py' in _shown(exc)
+    assert 'h = h.sigmoid()' in log_text(runner)
     assert not torch.is_anomaly_enabled()
 
 
@@ -495,7 +282,7 @@ def test_inplace_error_without_anomaly_propagates_unchanged(tmp_path):
         runner.train()
     assert type(info.value) is RuntimeError
     assert 'h = h.sigmoid()' not in _shown(info.value)
-    assert 'raised in backward at iter 1' in _log_text(runner)
+    assert 'raised in backward at iter 1' in log_text(runner)
 
 
 # -- the listener (the hook) and what it adds --------------------------------
@@ -518,7 +305,7 @@ class _FailingHook(NanDetectHook):
 def test_listener_gets_the_event_first_and_its_answer_is_reported(tmp_path):
     hook = _AnsweringHook()
     runner = make_runner(tmp_path, faults={2: 'nan_term'}, hook=hook)
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert err.bundle == '/dumps/iter_1'
     assert 'diagnosis: data' in str(err) and '/dumps/iter_1' in str(err)
     (event, ) = hook.events
@@ -533,7 +320,7 @@ def test_a_failing_listener_does_not_stop_the_policy(tmp_path):
                          hook=_FailingHook(policy='skip'))
     runner.train()
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
-    assert 'disk full' in _log_text(runner)
+    assert 'disk full' in log_text(runner)
 
 
 # -- options ----------------------------------------------------------------
@@ -575,7 +362,7 @@ def test_configured_wrapper_detects_without_the_hook(tmp_path):
         tmp_path, faults={2: 'nan_term'},
         optim_wrapper=dict(type='NanDetectOptimWrapper',
                            optimizer=dict(type='SGD', lr=0.1)))
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 1)
     assert 'loss=nan' in str(err)
 
@@ -583,7 +370,7 @@ def test_configured_wrapper_detects_without_the_hook(tmp_path):
 def test_dotted_type_works_without_custom_imports(tmp_path):
     runner = make_runner(tmp_path, faults={2: 'nan_term'},
                          hook=dict(type='mmnanhook.NanDetectHook'))
-    assert _train_raises(runner).trigger == 'loss'
+    assert train_error(runner).trigger == 'loss'
 
 
 def test_hook_installs_into_a_configured_wrapper_and_restores_it(tmp_path):
@@ -623,7 +410,7 @@ def test_optim_wrapper_dict_members_are_checked(tmp_path):
     runner = make_runner(tmp_path, model=_TwoOptimizerModel(),
                          optim_wrapper=wrappers, faults={2: 'inf_target'},
                          hook=dict(type='NanDetectHook'), probe=probe)
-    err = _train_raises(runner)
+    err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 1)
     assert 'loss_aux=inf' in str(err)
     assert probe.wrapper_types == [
@@ -638,7 +425,7 @@ def test_install_and_remove_restore_the_instance_exactly():
     before = dict(vars(ow))
     handle = install_nan_detect(ow, policy='skip')
     assert sentinel_of(ow).options.policy == 'skip'
-    assert set(_BOUND) <= set(vars(ow))
+    assert set(BOUND) <= set(vars(ow))
     handle.remove()
     assert type(ow) is OptimWrapper
     assert vars(ow).keys() == before.keys()

@@ -1,6 +1,6 @@
 """The zoo tier: configs as shipped inside the installed packages.
 
-Each test trains a child of the shipped file (see :mod:`mmnanhook.zoo`: data
+Each test trains a child of the shipped file (see :mod:`mmnanhook.testing.zoo`: data
 root, 320 px, ``init_cfg=None``, a short schedule) on a synthetic dataset,
 with the zoo's own schedulers, pipelines, samplers, loops, EMA and default
 hooks, and compares with the same run without mmnanhook.
@@ -18,7 +18,8 @@ import torch
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from mmnanhook import NanDetectHook, NonFiniteError, compat, zoo
+from mmnanhook import NanDetectHook, NonFiniteError, compat
+from mmnanhook.testing import zoo
 
 # name -> ('data', {image index: defect}) or ('lr', the LR of the blow-up).
 FAULTS = {

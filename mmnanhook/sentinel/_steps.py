@@ -37,6 +37,9 @@ class StepMemory(object):
         """Release everything kept."""
         self._steps.clear()
 
+    def __len__(self):
+        return len(self._steps)
+
 
 class BufferSnapshot(object):
     """Copies of a module's buffers, to undo what one forward wrote.

@@ -29,6 +29,7 @@ from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import compat
 from .._anomaly import capture_anomaly_warnings, is_anomaly_nan_error
+from ..errors import NonFiniteError
 from ..options import CheckOptions
 from ..records import NonFiniteEvent, Trigger
 from ._check import StepCheck, StepContext, answer_text
@@ -104,6 +105,9 @@ class WrapperSentinel(object):
 
     def __init__(self, options, listener=None, message_hub=None):
         self.check = StepCheck(options)
+        # Built before the training graphs, to free what a raising backward
+        # leaves queued (see compat.BackwardDrain).
+        self.drain = compat.BackwardDrain()
         self.listener = listener
         self.message_hub = message_hub
         self._pending = None
@@ -153,6 +157,7 @@ class WrapperSentinel(object):
             try:
                 return prev(loss, **kwargs)
             except Exception as exc:
+                self.drain()
                 self._backward_failed(wrapper, exc, None)
                 raise
         with capture_anomaly_warnings() as anomaly:
@@ -161,6 +166,7 @@ class WrapperSentinel(object):
                 failure = None
             except Exception as exc:  # noqa: BLE001 - re-raised below
                 failure = exc
+                self.drain()
         if failure is not None and not self._backward_failed(
                 wrapper, failure, anomaly.traceback):
             raise failure
@@ -237,6 +243,9 @@ class WrapperSentinel(object):
         scale = compat.grad_scaler_scale(scaler) if scaler else None
         outcome = self.check.check(params, grads, norm_type, clips=clips,
                                    scale=scale, context=self._context())
+        # A raise below keeps this frame in the error's traceback: it must
+        # not hold the gradients (the parameters are the model's anyway).
+        del grads
         hub = self.hub
         hub.update_scalar('train/grad_norm', outcome.grad_norm)
         if outcome.loss_scale is not None:
@@ -249,7 +258,12 @@ class WrapperSentinel(object):
             answer = self._notify(
                 outcome.event,
                 logging.WARNING if policy == 'warn' else logging.ERROR)
-            apply = self.check.resolve(outcome.event, answer)
+            try:
+                apply = self.check.resolve(outcome.event, answer)
+            except NonFiniteError:
+                # Training ends here; nothing will apply these gradients.
+                compat.release_grads(wrapper)
+                raise
         hub.update_scalar('train/nan_skipped', self.check.skipped)
         if not apply:
             wrapper.zero_grad()

@@ -51,8 +51,8 @@ def config_dir():
     Raises:
         FileNotFoundError: When mmnanhook is installed without its source tree.
     """
-    path = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))),
-                    'configs')
+    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
+    path = osp.join(osp.dirname(package), 'configs')
     if not osp.isdir(path):
         raise FileNotFoundError(
             'the tiny configs are not installed: expected them in %s. They '
@@ -115,7 +115,7 @@ def make_dataset(kind, root, **kwargs):
         kind (str): ``'coco'``, ``'voc'`` or ``'dota'``; a tiny config name is
             accepted too and means the format that config trains on.
         root (str): Directory to write into.
-        **kwargs: Passed to the generator in :mod:`mmnanhook.synthetic`
+        **kwargs: Passed to the generator in :mod:`mmnanhook.testing.synthetic`
             (``num_images``, ``image_size``, ``seed``, ``defects``,
             ``classes``).
 

@@ -31,7 +31,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 
-from . import synthetic
+from . import synthetic, testbed
 
 SMALL_SIDE = 320
 
@@ -125,7 +125,7 @@ def make_zoo_dataset(name, root, num_images=4, defects=None, seed=0):
         root (str): Directory to write into.
         num_images (int): Number of images.
         defects (dict, optional): Image index -> defect kind (detection
-            datasets only; see :mod:`mmnanhook.synthetic`).
+            datasets only; see :mod:`mmnanhook.testing.synthetic`).
         seed (int): Dataset seed.
 
     Returns:
@@ -267,8 +267,7 @@ def _scaled(value, factor):
 
 def config_dir():
     """The repository's ``configs/`` directory (for the ``_base_`` snippet)."""
-    from .testbed import config_dir as tiny_config_dir
-    return tiny_config_dir()
+    return testbed.config_dir()
 
 
 class ZooProbe(Hook):

@@ -1,0 +1,237 @@
+"""A toy model on a real MMEngine Runner: tier-1 tests with mmengine only.
+
+Faults are planted per sample: with ``DefaultSampler(shuffle=False)`` and
+batch size 2 (:data:`BATCH`), sample ``2k`` / ``2k + 1`` is in iteration
+``k``.
+"""
+import copy
+import glob
+import os.path as osp
+import uuid
+
+import torch
+import torch.nn as nn
+from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
+from mmengine.model import BaseModel
+from mmengine.optim import OptimWrapperDict
+from mmengine.runner import Runner
+from torch.utils.data import Dataset
+
+from ..errors import NonFiniteError
+from ..sentinel import sentinel_of
+
+BATCH = 2
+
+# The wrapper methods the install binds onto the instance.
+BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
+
+
+class _NanGrad(torch.autograd.Function):
+    """Identity whose gradient is NaN: a NaN born in backward only."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float('nan')
+
+
+class ToyDataset(Dataset):
+    """``n`` random 4-vectors; ``faults`` maps a sample index to a fault."""
+
+    metainfo = dict(name='toy')
+
+    def __init__(self, n=16, faults=None):
+        g = torch.Generator().manual_seed(0)
+        faults = faults or {}
+        self.items = [
+            dict(inputs=torch.randn(4, generator=g), fault=faults.get(i, ''))
+            for i in range(n)
+        ]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, index):
+        return self.items[index]
+
+
+class ToyModel(BaseModel):
+    """Two linear layers and two loss terms; faults come with the data.
+
+    Faults: ``nan_term`` (loss_aux NaN), ``inf_target`` (loss_aux inf with
+    finite gradients), ``nan_grad`` (NaN gradient of ``head.bias`` only),
+    ``huge_grad`` (finite gradients whose float32 norm overflows),
+    ``inplace`` (an in-place write that breaks backward), ``overflow`` /
+    ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
+    into NaN: once at scale 2**16, or down to scale 2).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.head = nn.Linear(3, 1)
+        self.amp_w = nn.Parameter(torch.ones(2))
+        self.anomaly_seen = []
+
+    def forward(self, inputs, fault=None, mode='tensor'):
+        self.anomaly_seen.append((mode, torch.is_anomaly_enabled()))
+        faults = set(f for f in (fault or []) if f)
+        x = torch.stack(inputs)
+        h = self.fc(x)
+        if 'inplace' in faults:
+            h = h.sigmoid()
+            out = h * 2
+            h.add_(1)  # modifies what sigmoid's backward needs
+            h = out
+        bias = self.head.bias
+        if 'nan_grad' in faults:
+            bias = _NanGrad.apply(bias)
+        y = nn.functional.linear(h, self.head.weight, bias)
+        if mode != 'loss':
+            return y
+        target = 1.0
+        if 'inf_target' in faults:
+            target = float('inf')
+        loss_aux = (y - target).abs().mean()
+        if 'nan_term' in faults:
+            loss_aux = loss_aux * float('nan')
+        loss_main = y.pow(2).mean()
+        if 'huge_grad' in faults:
+            loss_main = loss_main * 1e30
+        # Zero in value; 2**16 * 1e34 overflows float32 in backward and
+        # inf * 0 turns into NaN in the MulBackward of amp_w * 0.
+        big = 0.0
+        if 'overflow' in faults:
+            big = 1e34
+        if 'overflow_hard' in faults:
+            big = 1e38
+        loss_main = loss_main + (self.amp_w * torch.zeros(2) * big).sum()
+        return dict(loss_main=loss_main, loss_aux=loss_aux,
+                    acc=torch.tensor(float('nan')))
+
+
+class Probe(Hook):
+    """Snapshots parameters and optimizer state around each train iteration.
+    """
+
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self.before = {}
+        self.after = {}
+        self.wrapper_types = []
+
+    def _snapshot(self, runner):
+        params = {n: p.detach().clone()
+                  for n, p in runner.model.named_parameters()}
+        return params, copy.deepcopy(runner.optim_wrapper.state_dict())
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.before[runner.iter] = self._snapshot(runner)
+        ow = runner.optim_wrapper
+        members = ow.values() if isinstance(ow, OptimWrapperDict) else [ow]
+        self.wrapper_types.append(
+            (type(ow).__name__, [(type(m).__name__, sentinel_of(m) is not None)
+                                 for m in members]))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        self.after[runner.iter] = self._snapshot(runner)
+
+
+def make_runner(tmp_path, faults=None, hook=None, optim_wrapper=None,
+                max_iters=4, n=16, model=None, probe=None, val=False,
+                log_level='WARNING', **kwargs):
+    """A Runner training the toy model for ``max_iters`` iterations.
+
+    Args:
+        hook (dict | Hook | None): Put in ``custom_hooks`` (with ``probe``).
+        optim_wrapper (dict | callable, optional): Config, or a function of
+            the model returning a built wrapper.
+        val (bool): Add a val loop after every 2 iterations.
+    """
+    model = model if model is not None else ToyModel()
+    if callable(optim_wrapper):
+        optim_wrapper = optim_wrapper(model)
+    elif optim_wrapper is None:
+        optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.1,
+                                            momentum=0.9))
+    custom_hooks = [h for h in (hook, probe) if h is not None]
+    loader = dict(dataset=ToyDataset(n, faults),
+                  sampler=dict(type='DefaultSampler', shuffle=False),
+                  batch_size=BATCH, num_workers=0,
+                  collate_fn=dict(type='pseudo_collate'))
+    if val:
+        kwargs.update(
+            val_dataloader=dict(loader, dataset=ToyDataset(4)),
+            val_cfg=dict(), val_evaluator=[ToyMetric()])
+    return Runner(
+        model=model, work_dir=str(tmp_path),
+        experiment_name='toy_' + uuid.uuid4().hex,
+        train_dataloader=loader,
+        train_cfg=dict(by_epoch=False, max_iters=max_iters,
+                       val_interval=2),
+        optim_wrapper=optim_wrapper, custom_hooks=custom_hooks,
+        default_hooks=kwargs.pop('default_hooks', dict(checkpoint=None)),
+        log_level=log_level,
+        default_scope='mmengine', randomness=dict(seed=0), **kwargs)
+
+
+class ToyMetric(BaseMetric):
+
+    def process(self, data_batch, data_samples):
+        self.results.append(0.0)
+
+    def compute_metrics(self, results):
+        return dict(zero=0.0)
+
+
+def params(runner):
+    """Copies of the runner's model parameters, by name."""
+    return {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+
+
+def assert_same(a, b):
+    """Assert two name -> tensor dicts are bitwise equal."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def assert_state_same(a, b):
+    """Assert two (nested) state dicts are bitwise equal."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert_state_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            assert_state_same(x, y)
+    else:
+        assert a == b
+
+
+def log_text(runner):
+    """Everything the runner's log files hold."""
+    paths = glob.glob(osp.join(runner.log_dir, '*.log'))
+    return ''.join(open(p).read() for p in paths)
+
+
+def train_error(runner):
+    """Train; return the ``NonFiniteError`` that stopped it.
+
+    Raises:
+        AssertionError: When training ended without one.
+    """
+    try:
+        runner.train()
+    except NonFiniteError as exc:
+        return exc
+    raise AssertionError('training did not raise NonFiniteError')
