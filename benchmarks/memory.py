@@ -54,7 +54,7 @@ def main(argv=None):
 
     from mmnanhook import NonFiniteError
     from mmnanhook.testing import zoo
-    from mmnanhook.testing.soak import rss_bytes
+    from mmnanhook.testing.soak import rss_bytes, trimmed_rss_bytes
 
     work = args.work_dir or tempfile.mkdtemp(prefix='mmnan_memory_')
     data = zoo.make_zoo_dataset('retinanet_r50', work + '/data',
@@ -93,6 +93,7 @@ def main(argv=None):
     sampler.join()
     gc.collect()
     after = rss_bytes()
+    trimmed = trimmed_rss_bytes()
     mb = 2.0**20
     print('# mmnanhook memory around a trigger, %s, torch %s, zoo RetinaNet '
           'R50 320 px, fault at iter %d' % (
@@ -106,6 +107,11 @@ def main(argv=None):
           '= %+.0f MB (%+.1f%%)' % (before / mb, peak / mb, after / mb,
                                     (after - before) / mb,
                                     100.0 * (after - before) / before))
+    if trimmed is not None:
+        print('RSS after malloc_trim(0) (free heap handed back): %.0f MB: '
+              '%+.0f MB (%+.1f%%) over before' % (
+                  trimmed / mb, (trimmed - before) / mb,
+                  100.0 * (trimmed - before) / before))
     if cuda:
         print('CUDA allocated before %.0f MB, peak %.0f MB, after %.0f MB' % (
             marks['cuda_before'] / mb, torch.cuda.max_memory_allocated() / mb,

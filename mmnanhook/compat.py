@@ -3,6 +3,7 @@
 mmnanhook supports Python 3.7+ and torch 1.7 through 2.13; code elsewhere
 calls these helpers instead of testing versions itself.
 """
+import ctypes
 import inspect
 import pickle
 import types
@@ -246,6 +247,21 @@ def distribution_version(names):
         except PackageNotFoundError:
             continue
     return None
+
+
+def trim_heap():
+    """Hand the heap pages freed since to the OS (glibc ``malloc_trim``).
+
+    A diagnosis allocates several iterations' worth of activations and
+    bundle buffers and frees them all; glibc keeps freed pages in its arenas,
+    so the process's resident memory would stay at the diagnosis's peak.
+    Elsewhere (no glibc) a no-op.
+    """
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def release_grads(optim_wrapper):

@@ -20,7 +20,7 @@ from mmengine.registry import HOOKS
 
 from . import compat
 from .errors import CheckBypassedError, NonFiniteError
-from .incident import default_dump_dir, handle_incident
+from .diagnosis import default_dump_dir, handle_incident
 from .options import (CheckOptions, check_anomaly, check_bool, check_count,
                       check_path, is_count)
 from .records import NonFiniteEvent, Trigger
@@ -361,6 +361,8 @@ class NanDetectHook(Hook, Listener):
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
             anomaly=self.anomaly != 'never')
+        # What the diagnosis allocated is free now: give it back.
+        compat.trim_heap()
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %
                           result['seconds'])
         return result

@@ -1,10 +1,13 @@
 """Typed records of what mmnanhook saw: one class per fact.
 
-Tier 1 builds a :class:`NonFiniteEvent` per trigger; tier 2 and the bundle
-read it. Enum members are ``str`` subclasses, so they compare equal to, and
+Tier 1 builds a :class:`NonFiniteEvent` per trigger; tier 2 replays
+(:class:`ReplayResult`), checks the batch (:class:`SampleFinding` with its
+:class:`DataProblem` s) and writes a :class:`Report`, which the bundle
+renders as ``report.json``. Enum members are ``str`` subclasses, so they compare equal to, and
 serialize as, their value (``Trigger.LOSS == 'loss'``).
 """
 import enum
+import math
 
 
 class _StrEnum(str, enum.Enum):
@@ -88,3 +91,238 @@ class NonFiniteEvent(object):
 
     def __repr__(self):
         return 'NonFiniteEvent(%s)' % self.message
+
+
+class Kind(_StrEnum):
+    """What a diagnosis found the failure to be."""
+
+    DATA = 'data'  #: a sample's data (GT boxes, inputs)
+    FORWARD = 'forward'  #: a module of the forward pass made it
+    BACKWARD = 'backward'  #: a backward op made it from finite gradients
+    PARAMS = 'params'  #: parameters or buffers were non-finite already
+    OPTIMIZER_STATE = 'optimizer_state'  #: so was the optimizer state
+    OVERFLOW = 'overflow'  #: only the AMP dtype's range is exceeded
+    EXCEPTION = 'exception'  #: the replay raised
+    NOT_REPRODUCED = 'not_reproduced'  #: the replay came out finite
+
+
+KINDS = tuple(k.value for k in Kind)
+
+
+class ProblemCategory(_StrEnum):
+    """The kind of a problem found in a sample's data."""
+
+    SIZE_MISMATCH = 'size_mismatch'  #: declared image size is not the file's
+    NONFINITE_INPUT = 'nonfinite_input'  #: the input holds NaN / Inf
+    NONFINITE_BOX = 'nonfinite_box'  #: a GT box has NaN / Inf coordinates
+    DEGENERATE = 'degenerate'  #: a GT box side is (near) zero or negative
+    OUTSIDE = 'outside'  #: a GT box lies outside its image
+    ANGLE = 'angle'  #: a rotated box's angle is outside the configured range
+    PIPELINE = 'pipeline'  #: the data pipeline raised (``mmnan scan``)
+
+
+class DataProblem(object):
+    """One problem found in one sample's data.
+
+    Args:
+        category (ProblemCategory | str, optional): What kind of problem;
+            ``None`` for a problem read back from an old ``report.json``.
+        text (str): The sentence the report shows.
+        box (int, optional): Index of the GT box concerned.
+    """
+
+    __slots__ = ('category', 'text', 'box')
+
+    def __init__(self, category, text, box=None):
+        self.category = None if category is None else ProblemCategory(
+            category)
+        self.text = text
+        self.box = box
+
+    def __str__(self):
+        return self.text
+
+    def __repr__(self):
+        return 'DataProblem(%s, %r)' % (self.category, self.text)
+
+
+class SampleFinding(object):
+    """What was found about one sample of the failing batch.
+
+    Args:
+        index (int): Position in the batch.
+        img_path (str, optional): Its image file.
+        problems (list[DataProblem]): Its data problems (may be empty).
+    """
+
+    __slots__ = ('index', 'img_path', 'problems')
+
+    def __init__(self, index, img_path=None, problems=None):
+        self.index = index
+        self.img_path = img_path
+        self.problems = list(problems or [])
+
+    @property
+    def categories(self):
+        """The categories of its problems."""
+        return set(p.category for p in self.problems)
+
+    def to_dict(self):
+        """As ``report.json`` stores it: problems as their sentences."""
+        return {'index': self.index, 'img_path': self.img_path,
+                'problems': [p.text for p in self.problems]}
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read back :meth:`to_dict` (problem categories unknown)."""
+        return cls(data.get('index'), data.get('img_path'),
+                   [DataProblem(None, text)
+                    for text in data.get('problems') or []])
+
+
+class ReplayResult(object):
+    """What one replay of the failing iteration produced.
+
+    Attributes:
+        losses (dict): Loss term -> float.
+        nonfinite_losses (list[str]): The non-finite terms.
+        grad_norm (float, optional): Total gradient norm after backward.
+        nonfinite_grads (list[str]): Parameters with non-finite gradients.
+        nonfinite_grad_count (int): How many.
+        nan_check_stopped (bool): torch < 1.13 cannot turn anomaly mode's NaN
+            check off; when it stopped backward, the NaN was reproduced.
+        error (dict, optional): ``phase``, ``type``, ``message``,
+            ``traceback``, ``frames`` of an exception the replay raised.
+        anomaly (AnomalyRecord, optional): Anomaly mode's messages.
+        backward (dict, optional): The first backward node that made a
+            non-finite gradient from finite ones.
+    """
+
+    def __init__(self):
+        self.losses = {}
+        self.nonfinite_losses = []
+        self.grad_norm = None
+        self.nonfinite_grads = []
+        self.nonfinite_grad_count = 0
+        self.nan_check_stopped = False
+        self.error = None
+        self.anomaly = None
+        self.backward = None
+
+    @property
+    def nonfinite(self):
+        """Whether the replay reproduced a non-finite value."""
+        norm_bad = (self.grad_norm is not None
+                    and not math.isfinite(self.grad_norm))
+        return bool(self.nonfinite_losses or self.nonfinite_grad_count
+                    or norm_bad or self.nan_check_stopped)
+
+
+# report.json's schema version.
+REPORT_FORMAT_VERSION = 1
+
+
+# Field -> default (a factory for mutable ones), in report.json's order.
+_REPORT_FIELDS = (
+    ('format_version', REPORT_FORMAT_VERSION),
+    ('kind', None),
+    ('module', None),
+    ('op', None),
+    ('location', None),
+    ('code', None),
+    ('params', list),
+    ('optimizer_state', list),
+    ('samples', list),
+    ('summary', ''),
+    ('hints', list),
+    ('traceback', None),
+    ('losses', dict),
+    ('nonfinite_losses', list),
+    ('grad_norm', None),
+    ('nonfinite_grads', list),
+    ('nonfinite_grad_count', 0),
+    ('forward', None),
+    ('backward', None),
+    ('overflow', None),
+    ('exception', None),
+    ('batch_problems', list),
+    ('sample_replays', None),
+    ('largest_param', None),
+    ('amp_dtype', None),
+    ('notes', list),
+    ('elapsed_s', None),
+)
+_SAMPLE_FIELDS = ('samples', 'batch_problems')
+
+
+class Report(object):
+    """The diagnosis of one trigger; rendered as ``report.json``.
+
+    Attributes:
+        kind (Kind, optional): What the failure is.
+        module, op, location, code (str, optional): Where the first
+            non-finite value was made: module path, autograd op,
+            ``file:line`` and that source line.
+        params, optimizer_state (list[str]): Non-finite parameters/buffers
+            and optimizer-state entries.
+        samples (list[SampleFinding]): The implicated samples;
+            ``batch_problems``: every sample with a data problem.
+        sample_replays (list[dict], optional): ``index``, ``result``,
+            ``nonfinite_losses``, ``error`` of the one-sample replays.
+        summary (str), hints (list[str]), notes (list[str]),
+        traceback (str, optional): What the report says.
+        losses, nonfinite_losses, grad_norm, nonfinite_grads,
+        nonfinite_grad_count: What the replay measured.
+        forward, backward, overflow, exception (dict, optional): Details of
+            each finding.
+        largest_param (dict, optional): ``name``, ``max_abs``.
+        amp_dtype (str, optional): The autocast dtype replayed.
+        elapsed_s (float, optional): Seconds the diagnosis took.
+
+    Args:
+        **fields: Initial values; the others take their defaults.
+    """
+
+    def __init__(self, **fields):
+        for name, default in _REPORT_FIELDS:
+            setattr(self, name,
+                    fields.pop(name) if name in fields else
+                    (default() if callable(default) else default))
+        if fields:
+            raise TypeError('unknown report fields: %s' %
+                            ', '.join(sorted(fields)))
+
+    @property
+    def kind(self):
+        """The :class:`Kind` of the failure, ``None`` until classified."""
+        return self._kind
+
+    @kind.setter
+    def kind(self, value):
+        self._kind = None if value is None else Kind(value)
+
+    def to_dict(self):
+        """``report.json``'s content (floats as they are; the bundle writer
+        makes them strict JSON)."""
+        data = {}
+        for name, _ in _REPORT_FIELDS:
+            value = getattr(self, name)
+            if name in _SAMPLE_FIELDS:
+                value = [s.to_dict() for s in value]
+            elif name == 'kind' and value is not None:
+                value = value.value
+            data[name] = value
+        return data
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read a ``report.json`` back (missing fields take defaults)."""
+        known = dict((k, v) for k, v in (data or {}).items()
+                     if k in dict(_REPORT_FIELDS))
+        for name in _SAMPLE_FIELDS:
+            if name in known:
+                known[name] = [SampleFinding.from_dict(s)
+                               for s in known[name] or []]
+        if known.get('kind') not in (None, ) + KINDS:
+            known['kind'] = None
+        return cls(**known)

@@ -9,12 +9,12 @@
 * :mod:`._guard`: the bypass guard.
 * :mod:`._steps`, :mod:`._rng`: the batch, RNG states and buffers kept per
   step for a replay.
-* :mod:`._history`: the per-iteration scalars kept for the bundle.
+* :mod:`._history`: the per-iteration scalars kept for a bundle.
 """
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      answer_text, describe_losses, loss_terms)
 from ._guard import BypassGuard
-from ._history import FIELDS, History, plot_history
+from ._history import FIELDS, History
 from ._norms import GradNorms, clip_grads_with_norm_
 from ._rng import capture_rng, restore_rng
 from ._steps import BufferSnapshot, StepMemory
@@ -29,5 +29,5 @@ __all__ = [
     'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
     'capture_rng',
     'clip_grads_with_norm_', 'describe_losses', 'install_nan_detect',
-    'loss_terms', 'members', 'plot_history', 'restore_rng', 'sentinel_of'
+    'loss_terms', 'members', 'restore_rng', 'sentinel_of'
 ]

@@ -16,6 +16,12 @@ DROP_P = 0.05
 AMPLIFY = 1e5
 
 
+def is_op(op, base):
+    """Whether autograd node name ``op`` is ``base`` (torch >= 1.8 suffixes
+    node names with a digit: ``SqrtBackward0``)."""
+    return op is not None and op.rstrip('0123456789') == base
+
+
 def line_of(marker):
     """``file:line`` of the line of this file ending in ``# MARK marker``."""
     path = osp.abspath(__file__)

@@ -31,15 +31,16 @@ from collections.abc import Mapping
 import torch
 from mmengine.logging import print_log
 
-from . import compat
-from ._anomaly import is_anomaly_nan_error
-from .sentinel import GradNorms, describe_losses, loss_terms
-from .data_checks import batch_size, check_batch, problem_category, split_batch
-from .instrument import (BackwardWatch, ForwardWatch, LineLocator,
+from .. import compat
+from .._anomaly import is_anomaly_nan_error
+from ..report import finalize, new_report
+from ..sentinel import GradNorms, describe_losses, loss_terms
+from ..records import ReplayResult, SampleFinding
+from ._data import batch_size, check_batch, split_batch
+from ._instrument import (BackwardWatch, ForwardWatch, LineLocator,
                          PreservedModelState, anomaly_mode, first_nonfinite,
                          format_user_frames, node_traceback, parse_frames,
                          preserved_rng, user_location)
-from .report import finalize, new_report
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
@@ -131,30 +132,6 @@ def _optimizer_state_problems(optimizer_state, model):
     return bad
 
 
-class _Replay(object):
-    """What one replay of the iteration produced."""
-
-    def __init__(self):
-        self.losses = {}
-        self.nonfinite_losses = []
-        self.grad_norm = None
-        self.nonfinite_grads = []
-        self.nonfinite_grad_count = 0
-        # torch < 1.13 cannot turn anomaly mode's NaN check off; when it
-        # stops backward, the NaN was reproduced.
-        self.nan_check_stopped = False
-        self.error = None
-        self.anomaly = None
-        self.backward = None
-
-    @property
-    def nonfinite(self):
-        norm_bad = (self.grad_norm is not None
-                    and not math.isfinite(self.grad_norm))
-        return bool(self.nonfinite_losses or self.nonfinite_grad_count
-                    or norm_bad or self.nan_check_stopped)
-
-
 def _error_info(phase, error):
     trace = error.__traceback__
     return {
@@ -206,7 +183,7 @@ class _Session(object):
         # The model may change its inputs in place; every replay needs the
         # batch as the dataloader produced it.
         batch = copy.deepcopy(self.data_batch if batch is None else batch)
-        result = _Replay()
+        result = ReplayResult()
         record = None
         with contextlib.ExitStack() as stack:
             if anomaly:
@@ -306,7 +283,7 @@ def _forward_detail(producer, found):
 def _explain_exception(report, replay, watch):
     """Fill ``module``/``op``/``location``/``traceback`` for a replay error."""
     error = replay.error
-    report['exception'] = {k: error[k] for k in ('phase', 'type', 'message')}
+    report.exception = {k: error[k] for k in ('phase', 'type', 'message')}
     text = error['traceback']
     record = replay.anomaly
     if error['phase'] == 'backward':
@@ -315,30 +292,30 @@ def _explain_exception(report, replay, watch):
         # the graph, e.g. a loss that does not require grad).
         if record is not None and record.messages:
             frames = _replay_frames(record.frames)
-            report['op'] = record.node
-            report['location'], report['code'] = user_location(frames)
+            report.op = record.node
+            report.location, report.code = user_location(frames)
             if frames:
                 text += '\nForward traceback of {} (anomaly mode):\n{}'.format(
-                    report['op'], format_user_frames(frames))
-                report['module'] = _display_name(
-                    watch.find_owner(report['op'], report['location']))
+                    report.op, format_user_frames(frames))
+                report.module = _display_name(
+                    watch.find_owner(report.op, report.location))
             else:
-                report['notes'].append(
+                report.notes.append(
                     '{} was not created by the replayed forward (anomaly '
                     'mode has no traceback for it): a tensor kept from an '
                     'earlier iteration is part of the graph'.format(
-                        report['op']))
+                        report.op))
     else:
-        report['module'] = _display_name(watch.failed)
-        report['location'], report['code'] = user_location(error['frames'])
-    report['traceback'] = text
+        report.module = _display_name(watch.failed)
+        report.location, report.code = user_location(error['frames'])
+    report.traceback = text
 
 
 def _locate(report, detail):
     for key in ('module', 'op', 'location', 'code'):
-        report[key] = detail[key]
+        setattr(report, key, detail[key])
     if detail.get('stack'):
-        report['traceback'] = detail['stack']
+        report.traceback = detail['stack']
 
 
 def _replay_samples(session, report, backward, log):
@@ -365,10 +342,10 @@ def _replay_samples(session, report, backward, log):
             entry['error'] = '{}: {}'.format(
                 replay.error['type'], replay.error['message'].split('\n')[0])
         replays.append(entry)
-    report['sample_replays'] = replays
+    report.sample_replays = replays
     implicated = [r['index'] for r in replays if r['result'] == 'nonfinite']
     if not implicated:
-        report['notes'].append('every sample is finite on its own: the '
+        report.notes.append('every sample is finite on its own: the '
                                'failure needs the whole batch')
     return implicated
 
@@ -379,16 +356,16 @@ def _scan_state(report, model, optimizer_state):
     # not read in train mode: non-finite ones are a symptom, not a cause.
     stats = [name for name in buffers
              if name.rsplit('.', 1)[-1] in _RUNNING_STATS]
-    report['params'] = (_nonfinite_names(model.named_parameters())
+    report.params = (_nonfinite_names(model.named_parameters())
                         + [name for name in buffers if name not in stats])
     if stats:
-        report['notes'].append(
+        report.notes.append(
             '{} normalization running statistics are non-finite ({}{}): the '
             'failing forward wrote them; train-mode forward does not read '
             'them'.format(len(stats), ', '.join(stats[:3]),
                           ', ...' if len(stats) > 3 else ''))
-    report['largest_param'] = _largest_param(model)
-    report['optimizer_state'] = _optimizer_state_problems(
+    report.largest_param = _largest_param(model)
+    report.optimizer_state = _optimizer_state_problems(
         optimizer_state, model)
 
 
@@ -400,8 +377,8 @@ def _compare_fp32(session, report):
     if replay.nonfinite or replay.error is not None:
         return
     over = watch.over_range or {}
-    report['overflow'] = {
-        'dtype': report['amp_dtype'], 'limit': limit,
+    report.overflow = {
+        'dtype': report.amp_dtype, 'limit': limit,
         'module': _display_name(over.get('module')),
         'max_abs': over.get('max_abs')}
 
@@ -411,12 +388,12 @@ def _locate_forward(session, report, producer):
     module = dict(session.model.named_modules())[producer['module']]
     locator = LineLocator(module, producer['call'])
     session.run(forward_ctx=locator, backward=False)
-    report['forward'] = _forward_detail(producer, locator.found)
+    report.forward = _forward_detail(producer, locator.found)
 
 
 def _implicated_samples(session, report, main, check_samples, log):
     """Indices of the samples that fail alone (replayed or, else, checked)."""
-    if check_samples and not report['params']:
+    if check_samples and not report.params:
         replayed = _replay_samples(session, report,
                                    not main.nonfinite_losses, log)
         if replayed is not None:
@@ -424,46 +401,45 @@ def _implicated_samples(session, report, main, check_samples, log):
     if batch_size(session.data_batch) == 1:
         return [0]
     # Not replayed one by one: the data checks alone name the suspects.
-    return [s['index'] for s in report['batch_problems']]
+    return [s.index for s in report.batch_problems]
 
 
 def _classify(report, main):
-    if report['params']:
+    if report.params:
         return 'params'
-    if report['optimizer_state']:
+    if report.optimizer_state:
         return 'optimizer_state'
     if main.error is not None:
         return 'exception'
     if not main.nonfinite:
         return 'not_reproduced'
-    if report['overflow'] is not None:
+    if report.overflow is not None:
         return 'overflow'
-    if any(problem_category(p) for s in report['samples']
-           for p in s['problems']):
+    if any(p.category for s in report.samples for p in s.problems):
         return 'data'
-    if report['forward'] is not None or report['nonfinite_losses']:
+    if report.forward is not None or report.nonfinite_losses:
         return 'forward'
     return 'backward'
 
 
 def _fill_location(report, main, watch):
-    kind = report['kind']
+    kind = report.kind
     if kind == 'exception':
         _explain_exception(report, main, watch)
     elif kind != 'not_reproduced':
-        detail = report['forward']
-        if detail is None and not report['nonfinite_losses']:
+        detail = report.forward
+        if detail is None and not report.nonfinite_losses:
             # A finite forward: the first bad gradient is the place.  With
             # a non-finite loss but no producer, the values came in with
             # the batch, and backward only shows where they spread.
-            detail = report['backward']
+            detail = report.backward
         if detail is not None:
             _locate(report, detail)
-        if kind == 'overflow' and report['overflow']['module'] is not None:
-            report['module'] = report['overflow']['module']
+        if kind == 'overflow' and report.overflow['module'] is not None:
+            report.module = report.overflow['module']
     for key in ('forward', 'backward'):
-        if report[key] is not None:
-            report[key].pop('stack', None)
+        if getattr(report, key) is not None:
+            getattr(report, key).pop('stack', None)
 
 
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
@@ -508,18 +484,18 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
         print_log(message, logger=logger or 'current')
 
     report = new_report()
-    report['amp_dtype'] = _dtype_name(amp_dtype)
+    report.amp_dtype = _dtype_name(amp_dtype)
     device_type = _device_type(model)
     replay_dtype = amp_dtype
     if amp_dtype is not None and compat.autocast(device_type,
                                                  amp_dtype) is None:
         replay_dtype = None
-        report['notes'].append(
+        report.notes.append(
             'autocast({}) is not available on {} with torch {}: replayed in '
-            'float32 only'.format(report['amp_dtype'], device_type,
+            'float32 only'.format(report.amp_dtype, device_type,
                                   torch.__version__))
     samples = check_batch(data_batch, angle_range, declared=declared)
-    report['batch_problems'] = [s for s in samples if s['problems']]
+    report.batch_problems = [s for s in samples if s.problems]
     _scan_state(report, model, optimizer_state)
     with preserved_rng(), torch.enable_grad(), \
             PreservedModelState(model) as state:
@@ -533,10 +509,10 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
                            anomaly=anomaly)
         for key in ('losses', 'nonfinite_losses', 'grad_norm',
                     'nonfinite_grads', 'nonfinite_grad_count'):
-            report[key] = getattr(main, key)
-        report['backward'] = main.backward
+            setattr(report, key, getattr(main, key))
+        report.backward = main.backward
         if main.nan_check_stopped:
-            report['notes'].append(
+            report.notes.append(
                 "torch {} cannot turn off anomaly mode's NaN check: backward "
                 'stopped at the first NaN, so the gradients are '
                 'incomplete'.format(torch.__version__))
@@ -544,20 +520,19 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
                 and watch.producer is not None):
             # A forward that raised after making non-finite values: those
             # are the likely cause (e.g. a matcher given a NaN cost matrix).
-            report['forward'] = _forward_detail(watch.producer, None)
+            report.forward = _forward_detail(watch.producer, None)
         if main.error is None and main.nonfinite:
             if replay_dtype is not None:
                 log('mmnanhook: replaying in float32 to compare')
                 _compare_fp32(session, report)
             if watch.producer is not None:
                 _locate_forward(session, report, watch.producer)
-            by_index = dict((s['index'], s) for s in samples)
-            report['samples'] = [
-                by_index.get(i, {'index': i, 'img_path': None,
-                                 'problems': []})
+            by_index = dict((s.index, s) for s in samples)
+            report.samples = [
+                by_index.get(i, SampleFinding(i))
                 for i in _implicated_samples(session, report, main,
                                              check_samples, log)]
-    report['kind'] = _classify(report, main)
+    report.kind = _classify(report, main)
     _fill_location(report, main, watch)
-    report['elapsed_s'] = time.time() - start
+    report.elapsed_s = time.time() - start
     return finalize(report)

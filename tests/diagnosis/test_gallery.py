@@ -23,9 +23,7 @@ from mmnanhook.bundle import load_bundle, to_strict_json
 from mmnanhook.sentinel import restore_rng
 from mmnanhook.testing import faults, testbed
 from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
-from test_diagnosis import _is_op
-import test_tier1_ddp
-from test_tier1_ddp import BAD_ITER, BAD_RANK, run_two_ranks
+from mmnanhook.testing.ddp import BAD_ITER, BAD_RANK, run_ranks
 
 MANIFEST_KEYS = ('format_version', 'iter', 'epoch', 'rank', 'world_size',
                  'trigger', 'losses', 'nonfinite_losses', 'grad_norm',
@@ -198,7 +196,7 @@ def test_sqrt_at_zero_in_a_custom_loss_names_the_sqrt_node(tmp_path):
     assert report['losses']['loss_bbox'] not in ('inf', '-inf', 'nan')
     assert report['nonfinite_losses'] == []
     assert report['kind'] == 'backward'
-    assert _is_op(report['op'], 'SqrtBackward')
+    assert faults.is_op(report['op'], 'SqrtBackward')
     assert report['backward']['inf'] > 0 and report['backward']['nan'] == 0
     assert report['module'] == 'bbox_head.loss_bbox'
     assert report['location'] == faults.line_of('sqrt')
@@ -220,7 +218,7 @@ def test_forward_division_by_zero_names_the_producer_not_its_parent(
     assert report['kind'] == 'forward'
     assert report['module'] == 'neck.tail'
     assert report['forward']['module'] == 'neck.tail'
-    assert _is_op(report['op'], 'DivBackward')
+    assert faults.is_op(report['op'], 'DivBackward')
     assert report['location'] == faults.line_of('divide')
     assert report['params'] == [] and report['batch_problems'] == []
 
@@ -272,7 +270,7 @@ def test_inplace_error_propagates_with_a_bundle_naming_the_line(tmp_path):
     assert report['kind'] == 'exception'
     assert report['exception']['type'] == 'RuntimeError'
     assert report['exception']['phase'] == 'backward'
-    assert _is_op(report['op'], 'SigmoidBackward')
+    assert faults.is_op(report['op'], 'SigmoidBackward')
     assert report['location'] == faults.line_of('sigmoid')
     assert report['module'] == 'neck.tail'
 
@@ -332,7 +330,7 @@ def test_exploding_learning_rate_is_caught_and_not_blamed_on_data(tmp_path):
 @pytest.mark.ddp
 def test_one_rank_nan_under_ddp_only_the_culprit_writes_a_bundle(tmp_path):
     # The tier-1 DDP worker: rank 1 alone sees a non-finite loss.
-    results, log = run_two_ranks(test_tier1_ddp.__file__, tmp_path)
+    results, log = run_ranks('nan_loss', tmp_path)
     for rank, result in enumerate(results):
         assert result['raised'], (rank, log[-5000:])
         assert (result['iter'], result['rank'], result['bad_ranks']) == (

@@ -5,8 +5,9 @@ import re
 
 import pytest
 
-from mmnanhook.demo import demo_dataset
-from test_cli import assert_same_report, mmnan, replay_json, run_report
+from mmnanhook.cli._demo import demo_dataset
+from mmnanhook.testing.cli import (assert_same_report, mmnan, replay_json,
+                                   run_report)
 
 
 @pytest.mark.parametrize('dota', [

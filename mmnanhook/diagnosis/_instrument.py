@@ -37,8 +37,8 @@ import mmengine
 import numpy as np
 import torch
 
-from . import compat
-from .sentinel import capture_rng, restore_rng
+from .. import compat
+from ..sentinel import capture_rng, restore_rng
 
 # Frames in these directories are not "user code": the location of a fault
 # is the innermost frame outside them.

@@ -143,14 +143,6 @@ def test_anomaly_traceback_is_extracted_from_warnings():
     assert [str(w.message) for w in others] == ['unrelated']
 
 
-def test_exception_note_keeps_type_and_message():
-    exc = RuntimeError('boom')
-    compat.add_exception_note(exc, 'extra context')
-    assert type(exc) is RuntimeError
-    shown = str(exc) + ''.join(getattr(exc, '__notes__', []))
-    assert 'boom' in shown and 'extra context' in shown
-
-
 def test_event_rejects_unknown_trigger():
     with pytest.raises(ValueError, match='trigger'):
         NonFiniteEvent('nope', 'message')

@@ -1,8 +1,9 @@
 """Pre-flight scan: run a config's train dataset pipeline over the whole
 dataset and list the samples whose ground truth would poison the loss, and
 the images whose annotation declares another size than the file has."""
-from ._format import one_line as _one_line
-from .data_checks import angle_range_from_config, check_batch, declared_size
+from .._format import one_line as _one_line
+from ..diagnosis import angle_range_from_config, check_batch, declared_size
+from ..records import DataProblem, ProblemCategory, SampleFinding
 
 
 class ScanError(Exception):
@@ -34,19 +35,20 @@ def _data_info(dataset, index):
 
 
 def _check_sample(dataset, index, angle_range):
-    """``{'index', 'img_path', 'problems'}`` of one sample."""
+    """The :class:`SampleFinding` of one sample (``index`` in the dataset)."""
     info = _data_info(dataset, index)
     try:
         item = dataset[index]
     except Exception as error:  # noqa: BLE001 - it would stop training too
-        return {'index': index, 'img_path': info.get('img_path'),
-                'problems': [_one_line('the pipeline failed: {}: {}'.format(
-                    type(error).__name__, error))]}
+        return SampleFinding(index, info.get('img_path'), [DataProblem(
+            ProblemCategory.PIPELINE, _one_line(
+                'the pipeline failed: {}: {}'.format(
+                    type(error).__name__, error)))])
     batch = {'inputs': [item['inputs']],
              'data_samples': [item['data_samples']]}
     result = check_batch(batch, angle_range=angle_range,
                          declared=[declared_size(dataset, info)])[0]
-    result['index'] = index
+    result.index = index
     return result
 
 
@@ -60,8 +62,9 @@ def scan_config(config_path, progress=True):
 
     Returns:
         tuple[int, list[dict]]: The number of samples scanned and
-        ``{'index', 'img_path', 'problems'}`` for each bad sample; a sample
-        whose pipeline raises (e.g. an unreadable image) is a bad sample.
+        a :class:`~mmnanhook.records.SampleFinding` for each bad sample
+        (``index``: its dataset index); a sample whose pipeline raises (e.g.
+        an unreadable image) is a bad sample.
 
     Raises:
         ScanError: The config cannot be loaded or its train dataset cannot
@@ -76,6 +79,6 @@ def scan_config(config_path, progress=True):
     bad = []
     for index in indices:
         result = _check_sample(dataset, index, angle_range)
-        if result['problems']:
+        if result.problems:
             bad.append(result)
     return len(dataset), bad

@@ -8,8 +8,8 @@ the hook found; nothing here knows the expected answer.
 import os.path as osp
 import tempfile
 
-from .testing import testbed
-from .errors import NonFiniteError
+from ..errors import NonFiniteError
+from ..testing import testbed
 
 # dota? -> (tiny config, defect planted, how that defect reaches the loss)
 _SETUPS = {

@@ -9,7 +9,7 @@ import json
 import logging
 import sys
 
-from .errors import BundleError
+from ..errors import BundleError
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED = 0, 1, 2, 3
 
@@ -29,24 +29,25 @@ def _log_to_stderr():
 
 
 def _replay(args):
-    from .bundle import to_strict_json
-    from .replay import replay_bundle
-    from .report import format_report
+    from ..bundle import to_strict_json
+    from ..report import format_report
+    from ._replay import replay_bundle
     bundle, report = replay_bundle(args.bundle, device=args.device,
                                    fp32=args.fp32)
     if args.json:
-        print(json.dumps(to_strict_json(report), indent=2, sort_keys=True))
+        print(json.dumps(to_strict_json(report.to_dict()), indent=2,
+                         sort_keys=True))
     else:
         print(format_report(report))
         print('bundle: {}'.format(bundle.path))
-    if report.get('kind') == 'not_reproduced':
+    if report.kind == 'not_reproduced':
         return EXIT_NOT_REPRODUCED
     return EXIT_OK
 
 
 def _inspect(args):
-    from .bundle import load_bundle
-    from .report import format_report
+    from ..bundle import load_bundle
+    from ..report import format_report
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
     lines = ['bundle:     {}'.format(bundle.path)]
@@ -80,22 +81,22 @@ def _bad_input(command, error):
 
 
 def _scan(args):
-    from .scan import ScanError, scan_config
+    from ._scan import ScanError, scan_config
     try:
         total, bad = scan_config(args.config, progress=not args.no_progress)
     except ScanError as error:
         return _bad_input('scan', error)
     for item in bad:
-        print('sample {} {}:'.format(item['index'], item['img_path']))
-        for problem in item['problems']:
-            print('    ' + problem)
+        print('sample {} {}:'.format(item.index, item.img_path))
+        for problem in item.problems:
+            print('    ' + problem.text)
     print('scanned {} samples: {} with invalid ground truth'.format(
         total, len(bad)))
     return EXIT_FOUND if bad else EXIT_OK
 
 
 def _demo(args):
-    from .demo import run_demo
+    from ._demo import run_demo
     return run_demo(dota=args.dota, work_dir=args.work_dir)
 
 

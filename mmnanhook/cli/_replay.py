@@ -4,23 +4,11 @@ import functools
 
 import torch
 
-from .bundle import load_bundle
-from .data_checks import angle_range_from_config
-from .diagnosis import diagnose
-from .errors import BundleError
-from .sentinel import restore_rng
-
-CONFIG_FILE = 'config.py'
-
-_AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}
-
-
-def amp_dtype_name(dtype):
-    """How a bundle's manifest names an autocast dtype (``None`` for fp32)."""
-    for name, value in _AMP_DTYPES.items():
-        if dtype == value:
-            return name
-    return None
+from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
+                      RNG, load_bundle)
+from ..diagnosis import angle_range_from_config, diagnose
+from ..errors import BundleError
+from ..sentinel import restore_rng
 
 
 def config_from_text(text):
@@ -44,13 +32,13 @@ def build_model(cfg, device='cpu'):
 
 
 def _load_inputs(path, device):
-    bundle = load_bundle(path, load=('data_batch', 'model', 'rng'))
+    bundle = load_bundle(path, load=(DATA_BATCH, MODEL, RNG))
     if device == 'cuda' and not torch.cuda.is_available():
         raise BundleError('--device cuda: no CUDA device on this machine')
     try:
         cfg = config_from_text(bundle.text(CONFIG_FILE))
         model = build_model(cfg, device)
-        model.load_state_dict(bundle.load('model'))
+        model.load_state_dict(bundle.load(MODEL))
     except BundleError:
         raise
     except Exception as error:  # noqa: BLE001 - any rebuild failure is bad input
@@ -69,23 +57,22 @@ def replay_bundle(path, device='cpu', fp32=False):
         fp32 (bool): Replay in fp32 even when the run used autocast.
 
     Returns:
-        tuple[Bundle, dict]: The bundle and the new report
-        (``report.json`` schema).
+        tuple[Bundle, Report]: The bundle and the new report.
 
     Raises:
         BundleError: Not a bundle, a corrupt or missing file, or a model that
             cannot be rebuilt from the bundle's config.
     """
     bundle, cfg, model = _load_inputs(path, device)
-    amp_dtype = None if fp32 else _AMP_DTYPES.get(
+    amp_dtype = None if fp32 else AMP_DTYPES.get(
         bundle.manifest.get('amp_dtype'))
     report = diagnose(
         model,
-        bundle.load('data_batch'),
-        restore_rng=functools.partial(restore_rng, bundle.load('rng')),
+        bundle.load(DATA_BATCH),
+        restore_rng=functools.partial(restore_rng, bundle.load(RNG)),
         amp_dtype=amp_dtype,
         angle_range=angle_range_from_config(cfg),
-        optimizer_state=bundle.load('optimizer')
-        if bundle.has('optimizer') else None,
+        optimizer_state=bundle.load(OPTIMIZER)
+        if bundle.has(OPTIMIZER) else None,
         declared=bundle.manifest.get('declared_sizes'))
     return bundle, report

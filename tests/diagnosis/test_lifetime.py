@@ -86,7 +86,7 @@ def test_a_replay_frees_every_graph_it_made(fault):
     state = capture_rng()
     before = lifetime.live_graph_ids()
     report = diagnose(model, batch, restore_rng=lambda: restore_rng(state))
-    assert report['kind'] in ('backward', 'forward', 'exception', 'data')
+    assert report.kind in ('backward', 'forward', 'exception', 'data')
     assert lifetime.live_graph_ids() <= before
     assert lifetime.module_hooks(model) == []
 

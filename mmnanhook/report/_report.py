@@ -8,13 +8,10 @@ JSON.
 """
 import math
 
-from ._format import format_names, format_value
-from .data_checks import problem_category
+from .._format import format_names, format_value
+from ..records import REPORT_FORMAT_VERSION, ProblemCategory, Report
 
-FORMAT_VERSION = 1
-
-KINDS = ('data', 'forward', 'backward', 'params', 'optimizer_state',
-         'overflow', 'exception', 'not_reproduced')
+FORMAT_VERSION = REPORT_FORMAT_VERSION
 
 # Weights this large in a network that trained normally so far are the
 # footprint of exploding updates (initialised weights are O(1)).
@@ -45,57 +42,8 @@ _OP_ADVICE = (
 
 
 def new_report():
-    """A report with every field present and nothing found yet.
-
-    Returns:
-        dict: The ``report.json`` fields:
-
-        - ``kind``: one of :data:`KINDS`;
-        - ``module``, ``op``, ``location`` (``file:line``), ``code`` (that
-          source line): where the first non-finite value was made;
-        - ``params``: non-finite parameters/buffers; ``optimizer_state``:
-          non-finite optimizer state entries;
-        - ``samples``: ``[{index, img_path, problems}]`` of the implicated
-          samples; ``batch_problems``: every sample with a data problem;
-          ``sample_replays``: ``[{index, result, nonfinite_losses}]`` of the
-          one-sample replays (``None`` when not run);
-        - ``summary``, ``hints``, ``traceback``, ``notes``;
-        - ``losses``, ``nonfinite_losses``, ``grad_norm``,
-          ``nonfinite_grads``, ``nonfinite_grad_count`` of the replay;
-        - ``forward``, ``backward``, ``overflow``, ``exception``: details of
-          each finding (``None`` when absent);
-        - ``largest_param``: ``{name, max_abs}``; ``amp_dtype``;
-          ``elapsed_s``; ``format_version``.
-    """
-    return {
-        'format_version': FORMAT_VERSION,
-        'kind': None,
-        'module': None,
-        'op': None,
-        'location': None,
-        'code': None,
-        'params': [],
-        'optimizer_state': [],
-        'samples': [],
-        'summary': '',
-        'hints': [],
-        'traceback': None,
-        'losses': {},
-        'nonfinite_losses': [],
-        'grad_norm': None,
-        'nonfinite_grads': [],
-        'nonfinite_grad_count': 0,
-        'forward': None,
-        'backward': None,
-        'overflow': None,
-        'exception': None,
-        'batch_problems': [],
-        'sample_replays': None,
-        'largest_param': None,
-        'amp_dtype': None,
-        'notes': [],
-        'elapsed_s': None,
-    }
+    """A report with every field present and nothing found yet."""
+    return Report()
 
 
 def _names(names, total=None):
@@ -105,24 +53,24 @@ def _names(names, total=None):
 
 
 def _losses_text(report):
-    bad = report['nonfinite_losses']
+    bad = report.nonfinite_losses
     if not bad:
         return None
-    return ', '.join('{}={}'.format(k, format_value(report['losses'].get(k)))
+    return ', '.join('{}={}'.format(k, format_value(report.losses.get(k)))
                      for k in bad)
 
 
 def _where(report, with_op=True):
     """``in module 'm' at file:line (OP)``, as far as known."""
     parts = []
-    if report['module'] is not None:
-        parts.append("in module '{}'".format(report['module']))
-    if report['location']:
-        parts.append('at ' + report['location'])
+    if report.module is not None:
+        parts.append("in module '{}'".format(report.module))
+    if report.location:
+        parts.append('at ' + report.location)
     if not parts:
         parts.append('in the model, outside any submodule')
-    if with_op and report['op']:
-        parts.append('({})'.format(report['op']))
+    if with_op and report.op:
+        parts.append('({})'.format(report.op))
     return ' '.join(parts)
 
 
@@ -143,10 +91,10 @@ def _symptom(report):
     losses = _losses_text(report)
     if losses:
         return losses
-    norm = report['grad_norm']
-    if report['nonfinite_grad_count']:
+    norm = report.grad_norm
+    if report.nonfinite_grad_count:
         return 'non-finite gradients in {}'.format(
-            _names(report['nonfinite_grads'], report['nonfinite_grad_count']))
+            _names(report.nonfinite_grads, report.nonfinite_grad_count))
     if norm is not None and not math.isfinite(norm):
         return 'gradient norm {} from finite gradients'.format(
             format_value(norm))
@@ -155,14 +103,15 @@ def _symptom(report):
 
 def _first_problem_text(samples):
     for sample in samples:
-        problems = sample['problems']
+        problems = sample.problems
         if problems:
-            path = sample['img_path'] or 'no img_path'
-            text = problems[0]
-            if problem_category(text) == 'size_mismatch' and len(problems) > 1:
+            path = sample.img_path or 'no img_path'
+            text = problems[0].text
+            if (problems[0].category == ProblemCategory.SIZE_MISMATCH
+                    and len(problems) > 1):
                 # The root cause, then what it did to the boxes.
-                text += '; so ' + problems[1]
-            return 'sample {} ({}): {}'.format(sample['index'], path, text)
+                text += '; so ' + problems[1].text
+            return 'sample {} ({}): {}'.format(sample.index, path, text)
     return None
 
 
@@ -170,33 +119,33 @@ def summarize(report):
     """The one-line summary of a report's findings.
 
     Args:
-        report (dict): A report from :func:`new_report`, filled in.
+        report (Report): A report, filled in.
     """
-    kind = report['kind']
+    kind = report.kind
     if kind == 'not_reproduced':
         text = 'the replay of the failing iteration is finite: not reproduced'
-        if report['amp_dtype']:
+        if report.amp_dtype:
             text += ' (replayed under autocast({}))'.format(
-                report['amp_dtype'])
+                report.amp_dtype)
         return text
     if kind == 'params':
         return ('{} parameter(s)/buffer(s) were already non-finite before '
                 'the step: {}'.format(
-                    len(report['params']), _names(report['params'])))
+                    len(report.params), _names(report.params)))
     if kind == 'optimizer_state':
         return ('the optimizer state was already non-finite before the '
-                'step: {}'.format(_names(report['optimizer_state'])))
+                'step: {}'.format(_names(report.optimizer_state)))
     if kind == 'exception':
-        exc = report['exception'] or {}
-        if exc.get('phase') == 'backward' and report['op']:
-            where = 'the backward of ' + report['op']
-            if report['location'] or report['module'] is not None:
+        exc = report.exception or {}
+        if exc.get('phase') == 'backward' and report.op:
+            where = 'the backward of ' + report.op
+            if report.location or report.module is not None:
                 where += ' created ' + _where(report, with_op=False)
         else:
             where = '{} {}'.format(exc.get('phase'), _where(report))
         text = '{} in {}: {}'.format(exc.get('type'), where,
                                      _first_line(exc.get('message')))
-        forward = report['forward']
+        forward = report.forward
         if forward is not None:
             text += '; before it, the forward made {} first in module ' \
                 "'{}' at {} ({})".format(_nonfinite_kind(forward),
@@ -204,37 +153,37 @@ def summarize(report):
                                         forward['location'], forward['op'])
         return text
     if kind == 'overflow':
-        over = report['overflow'] or {}
+        over = report.overflow or {}
         text = '{} only under autocast({}), finite in float32'.format(
-            _symptom(report), report['amp_dtype'])
+            _symptom(report), report.amp_dtype)
         if over.get('max_abs') is not None:
             return text + ": '{}' outputs reach {} (the {} max is {})".format(
-                over.get('module') or report['module'],
-                format_value(over['max_abs']), report['amp_dtype'],
+                over.get('module') or report.module,
+                format_value(over['max_abs']), report.amp_dtype,
                 format_value(over.get('limit')))
         return text + '; first non-finite value made ' + _where(report)
     if kind == 'data':
-        implicated = [s for s in report['samples'] if s['problems']]
+        implicated = [s for s in report.samples if s.problems]
         text = '{} caused by {}'.format(
             _symptom(report), _first_problem_text(implicated))
         if len(implicated) > 1:
             text += ' (and {} more sample(s))'.format(len(implicated) - 1)
-        if report['module'] is None and report['location'] is None:
+        if report.module is None and report.location is None:
             return text
         return text + '; first non-finite value made ' + _where(report)
     if kind == 'backward':
-        detail = report['backward']
+        detail = report.backward
         if detail:
             return ('backward of {} made {} from finite gradients {}; '
-                    '{}'.format(report['op'], _nonfinite_kind(detail),
+                    '{}'.format(report.op, _nonfinite_kind(detail),
                                 _where(report, with_op=False),
                                 _symptom(report)))
         return 'backward: {}'.format(_symptom(report))
-    if report['forward'] is None:
+    if report.forward is None:
         return ('{}, but no module made it from finite inputs: it came in '
                 'with the batch'.format(_symptom(report)))
     return 'the forward pass made {} first {}; {}'.format(
-        _nonfinite_kind(report['forward']), _where(report), _symptom(report))
+        _nonfinite_kind(report.forward), _where(report), _symptom(report))
 
 
 def _op_advice(op):
@@ -251,16 +200,16 @@ def _op_advice(op):
 
 def _data_hints(report):
     hints = []
-    if report['kind'] == 'data':
-        samples = report['samples']
+    if report.kind == 'data':
+        samples = report.samples
     else:
-        samples = report['batch_problems']
+        samples = report.batch_problems
     categories = set()
     for sample in samples:
-        categories.update(problem_category(p) for p in sample['problems'])
-    paths = [s['img_path'] for s in samples if s['problems'] and s['img_path']]
+        categories.update(sample.categories)
+    paths = [s.img_path for s in samples if s.problems and s.img_path]
     where = ' (images: {})'.format(_names(paths)) if paths else ''
-    if 'size_mismatch' in categories:
+    if ProblemCategory.SIZE_MISMATCH in categories:
         hints.append(
             'The annotation declares other image sizes than the files have, '
             'so boxes beyond the real border survive the dataset filter and '
@@ -269,7 +218,7 @@ def _data_hints(report):
             'the raw pixels of images with an EXIF orientation, load them '
             "unrotated: `dict(type='LoadImageFromFile', "
             "color_type='color_ignore_orientation')`.")
-    if 'degenerate' in categories:
+    if ProblemCategory.DEGENERATE in categories:
         hints.append(
             'Drop degenerate GT boxes before they reach the box coder '
             '(log(w) of a zero width is -inf): add '
@@ -277,20 +226,20 @@ def _data_hints(report):
             'to the train pipeline after the resize (mmrotate: '
             "`type='mmdet.FilterAnnotations'`), or fix the annotations"
             + where + '.')
-    if 'nonfinite_box' in categories:
+    if ProblemCategory.NONFINITE_BOX in categories:
         hints.append('Some GT boxes hold NaN/Inf coordinates: fix or remove '
                      'those annotations' + where + '.')
-    if 'outside' in categories:
+    if ProblemCategory.OUTSIDE in categories:
         hints.append(
             'Some GT boxes lie outside their image: check the annotation '
             'coordinates (order x1, y1, x2, y2; units) and filter such '
             'boxes' + where + '.')
-    if 'angle' in categories:
+    if ProblemCategory.ANGLE in categories:
         hints.append(
             'Some rotated GT boxes have angles outside the configured '
             "range: make the dataset's and the model's `angle_version` "
             'agree' + where + '.')
-    if 'nonfinite_input' in categories:
+    if ProblemCategory.NONFINITE_INPUT in categories:
         hints.append(
             'The input images hold NaN/Inf: check image decoding and the '
             'normalisation (e.g. a zero std in `data_preprocessor`)' + where
@@ -300,19 +249,19 @@ def _data_hints(report):
 
 def _exploding(report):
     """Whether the findings look like an exploding update."""
-    largest = report['largest_param'] or {}
-    norm = report['grad_norm']
-    return (report['kind'] == 'params'
+    largest = report.largest_param or {}
+    norm = report.grad_norm
+    return (report.kind == 'params'
             or (largest.get('max_abs') or 0.0) >= LARGE_WEIGHT
             or (norm is not None and not math.isfinite(norm)
-                and not report['nonfinite_grad_count']))
+                and not report.nonfinite_grad_count))
 
 
 def _overflow_hint(report):
     # module is None when the model's own forward (no submodule) made it.
-    where = "'{}'".format(report['module']) if report['module'] else (
-        'the op at {}'.format(report['location'] or 'the reported line'))
-    if report['amp_dtype'] == 'float16':
+    where = "'{}'".format(report.module) if report.module else (
+        'the op at {}'.format(report.location or 'the reported line'))
+    if report.amp_dtype == 'float16':
         return (
             'Keep {} (or the loss it feeds) in float32: run it under '
             '`torch.autocast(device_type, enabled=False)` with `.float()` '
@@ -320,16 +269,16 @@ def _overflow_hint(report):
             "'bfloat16')`), or scale its activations down.".format(where))
     return ("The failure needs autocast({}): a precision loss, not a range "
             "overflow. Run {} in float32 (`torch.autocast(device_type, "
-            'enabled=False)`).'.format(report['amp_dtype'], where))
+            'enabled=False)`).'.format(report.amp_dtype, where))
 
 
 def _exception_hint(report):
-    message = (report['exception'] or {}).get('message') or ''
+    message = (report.exception or {}).get('message') or ''
     if 'inplace operation' in message:
         return ('An in-place operation changed a tensor that backward needs: '
                 'make the in-place op at or after {} out-of-place '
                 '(`x = x + y` instead of `x += y`, `inplace=False`).'.format(
-                    report['location'] or 'the reported op'))
+                    report.location or 'the reported op'))
     if 'second time' in message:
         return ('A graph is backpropagated twice: detach tensors kept across '
                 'iterations, or pass `retain_graph=True` where intended.')
@@ -340,20 +289,20 @@ def make_hints(report):
     """Concrete fixes suggested by a report's findings.
 
     Args:
-        report (dict): A report from :func:`new_report`, filled in.
+        report (Report): A report, filled in.
 
     Returns:
         list[str]: Hints, most specific first.
     """
-    kind = report['kind']
+    kind = report.kind
     hints = []
     if kind in ('data', 'not_reproduced'):
         hints.extend(_data_hints(report))
     if kind in ('data', 'forward', 'backward', 'overflow'):
-        advice = _op_advice(report['op'])
+        advice = _op_advice(report.op)
         if advice:
             hints.append('{} at {}: {}.'.format(
-                report['op'], report['location'] or 'the reported op', advice))
+                report.op, report.location or 'the reported op', advice))
     if kind == 'overflow':
         hints.append(_overflow_hint(report))
     if kind == 'optimizer_state':
@@ -362,7 +311,7 @@ def make_hints(report):
             "state stays non-finite. Lower the learning rate, raise Adam's "
             '`eps`, or set `clip_grad`.')
     if _exploding(report):
-        largest = report['largest_param'] or {}
+        largest = report.largest_param or {}
         detail = ''
         if (largest.get('max_abs') or 0.0) >= LARGE_WEIGHT:
             detail = ' (largest |weight| {} in {})'.format(
@@ -374,7 +323,7 @@ def make_hints(report):
             'resume from the last good checkpoint.'.format(detail))
     if kind == 'exception' and _exception_hint(report):
         hints.append(_exception_hint(report))
-    replays = report['sample_replays']
+    replays = report.sample_replays
     if (kind not in ('not_reproduced', 'params', 'optimizer_state',
                      'exception') and replays
             and not any(r['result'] == 'nonfinite' for r in replays)):
@@ -393,80 +342,81 @@ def finalize(report):
     """Fill ``summary`` and ``hints`` from the findings; return the report.
 
     Args:
-        report (dict): A report from :func:`new_report`, filled in.
+        report (Report): A report, filled in.
     """
-    report['summary'] = summarize(report)
-    report['hints'] = make_hints(report)
+    report.summary = summarize(report)
+    report.hints = make_hints(report)
     return report
 
 
 def _sample_line(sample):
     return '  [{}] {}: {}'.format(
-        sample['index'], sample['img_path'] or '-',
-        '; '.join(sample['problems']) or 'no data problem found')
+        sample.index, sample.img_path or '-',
+        '; '.join(p.text for p in sample.problems) or
+        'no data problem found')
 
 
 def format_report(report):
     """The human-readable text of a report (``report.txt`` and the log).
 
     Args:
-        report (dict): A finished report; missing fields count as empty.
+        report (Report | dict): A finished report, or ``report.json``'s
+            content (missing fields count as empty).
 
     Returns:
         str: Several lines, no trailing newline.
     """
-    # Reports built elsewhere (a failed or disabled replay) may hold only
-    # some of the fields.
-    report = dict(new_report(), **report)
+    if isinstance(report, dict):
+        report = Report.from_dict(report)
     lines = [
-        'mmnanhook diagnosis: {}'.format(report['kind']),
-        'summary: {}'.format(report['summary'])
+        'mmnanhook diagnosis: {}'.format(report.kind),
+        'summary: {}'.format(report.summary)
     ]
     for key in ('module', 'op', 'location'):
-        if report[key] is not None:
-            lines.append('{}: {}'.format(key, report[key]))
-    if report['code']:
-        lines.append('code: {}'.format(report['code']))
-    if report['losses']:
+        if getattr(report, key) is not None:
+            lines.append('{}: {}'.format(key, getattr(report, key)))
+    if report.code:
+        lines.append('code: {}'.format(report.code))
+    if report.losses:
         lines.append('losses: ' +
                      ', '.join('{}={}'.format(k, format_value(v))
-                               for k, v in report['losses'].items()))
-    if report['grad_norm'] is not None:
-        lines.append('grad_norm: {}'.format(format_value(report['grad_norm'])))
-    if report['nonfinite_grad_count']:
+                               for k, v in report.losses.items()))
+    if report.grad_norm is not None:
+        lines.append('grad_norm: {}'.format(format_value(report.grad_norm)))
+    if report.nonfinite_grad_count:
         lines.append(
             'non-finite gradients: ' +
-            _names(report['nonfinite_grads'], report['nonfinite_grad_count']))
-    if report['params']:
+            _names(report.nonfinite_grads, report.nonfinite_grad_count))
+    if report.params:
         lines.append('non-finite parameters/buffers: ' +
-                     _names(report['params']))
-    if report['optimizer_state']:
+                     _names(report.params))
+    if report.optimizer_state:
         lines.append('non-finite optimizer state: ' +
-                     _names(report['optimizer_state']))
-    if report['samples']:
+                     _names(report.optimizer_state))
+    if report.samples:
         lines.append('implicated samples:')
-        lines.extend(_sample_line(s) for s in report['samples'])
-    implicated = set(s['index'] for s in report['samples'])
+        lines.extend(_sample_line(s) for s in report.samples)
+    implicated = set(s.index for s in report.samples)
     others = [
-        s for s in report['batch_problems'] if s['index'] not in implicated
+        s for s in report.batch_problems if s.index not in implicated
     ]
     if others:
         lines.append(
             'other samples with data problems (finite on their own):'
-            if report['sample_replays'] else 'samples with data problems:')
+            if report.sample_replays else 'samples with data problems:')
         lines.extend(_sample_line(s) for s in others)
-    if report['sample_replays']:
+    if report.sample_replays:
         lines.append('one-sample replays: ' +
                      ', '.join('{}={}'.format(r['index'], r['result'])
-                               for r in report['sample_replays']))
-    if report['hints']:
+                               for r in report.sample_replays))
+    if report.hints:
         lines.append('hints:')
-        lines.extend('  - ' + hint for hint in report['hints'])
-    if report['notes']:
+        lines.extend('  - ' + hint for hint in report.hints)
+    if report.notes:
         lines.append('notes:')
-        lines.extend('  - ' + note for note in report['notes'])
-    if report['traceback']:
+        lines.extend('  - ' + note for note in report.notes)
+    if report.traceback:
         lines.append('traceback:')
         lines.extend('  ' + line
-                     for line in report['traceback'].rstrip().split('\n'))
+                     for line in report.traceback.rstrip().split('\n'))
     return '\n'.join(lines)

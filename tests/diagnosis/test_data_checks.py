@@ -1,14 +1,13 @@
 """Batch checks of the tier-2 diagnosis: boxes, inputs, batch splitting."""
 import math
 
-import pytest
 import torch
 from mmengine.config import Config
 from mmengine.structures import BaseDataElement, InstanceData
 
-from mmnanhook.data_checks import (ANGLE_RANGES, angle_range_from_config,
-                                   batch_size, check_batch, check_boxes,
-                                   problem_category, split_batch)
+from mmnanhook.diagnosis._data import (ANGLE_RANGES, angle_range_from_config,
+                                       batch_size, check_batch, check_boxes,
+                                       split_batch)
 
 
 def test_horizontal_box_problems_are_described_per_box():
@@ -22,15 +21,16 @@ def test_horizontal_box_problems_are_described_per_box():
         [2., 2., 2.4, 2.4],  # tiny but not degenerate
     ])
     problems = check_boxes(boxes, image_hw=(32, 32))
-    assert problems == [
+    assert [p.text for p in problems] == [
         'gt box 1 has zero width (w=0)',
         'gt box 2 has negative height (h=-6)',
         'gt box 3 has near-zero width (w=0.000488281)',
         'gt box 4 has non-finite coordinates (nan, 0, 3, 3)',
         'gt box 5 lies outside the 32x32 image (x 40..50, y 40..50)',
     ]
-    assert [problem_category(p) for p in problems] == [
+    assert [p.category for p in problems] == [
         'degenerate', 'degenerate', 'degenerate', 'nonfinite_box', 'outside']
+    assert [p.box for p in problems] == [1, 2, 3, 4, 5]
 
 
 def test_rotated_and_quadrilateral_boxes_by_width():
@@ -42,18 +42,19 @@ def test_rotated_and_quadrilateral_boxes_by_width():
         [10., 10., 4., 2., math.pi / 2],  # on the bound: fine
     ])
     problems = check_boxes(rboxes, image_hw=(32, 32), angle_range=le90)
-    assert problems == [
+    assert [p.text for p in problems] == [
         'gt box 1 has zero width (w=0)',
         'gt box 2 has angle 2 rad outside the configured range '
         '[-1.5708, 1.5708]',
     ]
-    assert problem_category(problems[1]) == 'angle'
+    assert problems[1].category == 'angle'
     assert check_boxes(rboxes[2:3], angle_range=None) == []
     quads = torch.tensor([
         [0., 0., 4., 0., 4., 3., 0., 3.],  # a 4x3 rectangle
         [0., 0., 2., 2., 4., 4., 6., 6.],  # collinear
     ])
-    assert check_boxes(quads) == ['gt box 1 has zero thickness (t=0)']
+    assert [p.text for p in check_boxes(quads)] == [
+        'gt box 1 has zero thickness (t=0)']
 
 
 def test_angle_range_from_config():
@@ -81,12 +82,14 @@ def test_check_batch_reports_every_sample_with_its_path():
             _sample('a.jpg', [[1., 1., 5., 5.]]),
             _sample('b.jpg', [[1., 1., 5., 5.], [2., 3., 8., 3.]])],
     }
-    assert check_batch(batch) == [
+    assert [s.to_dict() for s in check_batch(batch)] == [
         {'index': 0, 'img_path': 'a.jpg', 'problems': []},
         {'index': 1, 'img_path': 'b.jpg', 'problems': [
             'input has 0 NaN and 1 Inf values',
             'gt box 1 has zero height (h=0)']},
     ]
+    assert [p.category for p in check_batch(batch)[1].problems] == [
+        'nonfinite_input', 'degenerate']
 
 
 def test_split_batch_keeps_per_sample_entries_only():
@@ -99,13 +102,3 @@ def test_split_batch_keeps_per_sample_entries_only():
     assert sub['data_samples'] == ['c']
     assert sub['meta'] == {'scale': 2.0, 'ids': [9]}
     assert batch_size({'other': 1}) is None
-
-
-@pytest.mark.parametrize('category,problem', [
-    ('nonfinite_input', 'input has 0 NaN and 1 Inf values'),
-    ('degenerate', 'gt box 0 has near-zero height (h=1e-05)'),
-    ('outside', 'gt box 3 lies outside the 8x8 image (x 9..10, y 0..1)'),
-    (None, 'something else'),
-])
-def test_problem_categories(category, problem):
-    assert problem_category(problem) == category

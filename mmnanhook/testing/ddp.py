@@ -1,10 +1,15 @@
-"""Tier 1 under DDP: two CPU processes over gloo, started by a real launcher.
+"""Two CPU ranks over gloo, started by torch's own launcher.
 
-Rank 1 alone sees an infinite loss whose gradients are finite, so after the
-gradient all-reduce nothing on rank 0 looks wrong: only the exchanged loss
-flags can make both ranks stop, in the same iteration, without a hang.
+:func:`run_ranks` starts ``python -m mmnanhook.testing.ddp SCENARIO OUT``
+on each rank; every rank trains the toy model under
+``MMDistributedDataParallel`` and writes ``rank<r>.json``.
 
-Run as a script, this file is the worker the launcher starts.
+Scenarios:
+
+* ``nan_loss``: rank :data:`BAD_RANK` alone sees an infinite loss with
+  finite gradients in iteration :data:`BAD_ITER`; after the gradient
+  all-reduce nothing on the other rank looks wrong, so only the exchanged
+  loss flags can stop both ranks, in the same iteration, without a hang.
 """
 import importlib.util
 import json
@@ -14,20 +19,14 @@ import socket
 import subprocess
 import sys
 
-import pytest
-
 # DefaultSampler(shuffle=False), 2 ranks, batch 2: rank r's iteration k holds
 # samples r + 2 * (2k + j), j < 2; sample 5 is on rank 1 in iteration 1.
 BAD_SAMPLE, BAD_RANK, BAD_ITER = 5, 1, 1
 
 
-def _worker(out_dir):
-    import torch.distributed as dist
-    dist.init_process_group('gloo')
-    rank = dist.get_rank()
-    from mmnanhook.testing.toy import make_runner
-
+def _nan_loss(out_dir):
     from mmnanhook import NonFiniteError
+    from mmnanhook.testing.toy import make_runner
     runner = make_runner(
         out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
         hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
@@ -42,8 +41,10 @@ def _worker(out_dir):
                       rank=exc.rank, bad_ranks=exc.bad_ranks,
                       message=str(exc), bundle=exc.bundle,
                       kind=(exc.report or {}).get('kind'))
-    with open(osp.join(out_dir, 'rank%d.json' % rank), 'w') as f:
-        json.dump(result, f)
+    return result
+
+
+SCENARIOS = {'nan_loss': _nan_loss}
 
 
 def _free_port():
@@ -57,39 +58,41 @@ def _launcher():
         return ['-m', 'torch.distributed.run']
     return ['-m', 'torch.distributed.launch', '--use_env']  # torch < 1.9
 
-def run_two_ranks(script, out_dir):
-    """Start ``script out_dir`` on 2 ranks over gloo with torch's launcher;
-    return the ``rank<r>.json`` results of the ranks and the launcher log.
-    A hang (one rank waiting in a collective) ends in TimeoutExpired."""
+
+def run_ranks(scenario, out_dir, nproc=2):
+    """Run ``scenario`` on ``nproc`` ranks over gloo with torch's launcher.
+
+    A hang (a rank waiting in a collective) ends in ``TimeoutExpired``.
+
+    Returns:
+        tuple[list[dict], str]: Each rank's result and the launcher's log.
+    """
     cmd = [sys.executable] + _launcher() + [
-        '--nproc_per_node', '2', '--master_addr', '127.0.0.1',
-        '--master_port', str(_free_port()), script, str(out_dir)
+        '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
+        '--master_port', str(_free_port()), '-m', 'mmnanhook.testing.ddp',
+        scenario, str(out_dir)
     ]
     env = dict(os.environ, OMP_NUM_THREADS='1')
     proc = subprocess.run(cmd, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, env=env, timeout=300)
     log = proc.stdout.decode(errors='replace')
-    assert proc.returncode == 0, log[-5000:]
+    if proc.returncode != 0:
+        raise AssertionError(log[-5000:])
     results = []
-    for rank in range(2):
+    for rank in range(nproc):
         with open(osp.join(str(out_dir), 'rank%d.json' % rank)) as f:
             results.append(json.load(f))
     return results, log
 
 
-@pytest.mark.ddp
-def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
-    results, log = run_two_ranks(__file__, tmp_path)
-    for rank, result in enumerate(results):
-        assert result['raised'], (rank, log[-5000:])
-        assert result['trigger'] == 'loss'
-        assert result['iter'] == BAD_ITER
-        assert result['rank'] == rank
-        assert result['bad_ranks'] == [BAD_RANK]
-        assert 'on rank %d' % BAD_RANK in result['message']
-        assert 'rank %d of 2' % rank in result['message']
-    assert 'loss_aux=inf' in results[BAD_RANK]['message']
+def main(argv=None):
+    scenario, out_dir = (argv or sys.argv[1:])[:2]
+    import torch.distributed as dist
+    dist.init_process_group('gloo')
+    result = SCENARIOS[scenario](out_dir)
+    with open(osp.join(out_dir, 'rank%d.json' % dist.get_rank()), 'w') as f:
+        json.dump(result, f)
 
 
 if __name__ == '__main__':
-    _worker(sys.argv[1])
+    main()

@@ -20,7 +20,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from .instrument import iter_tensors
+from ..records import DataProblem, ProblemCategory, SampleFinding
+from ._instrument import iter_tensors
 
 # Smallest box side in pixels that is not degenerate.  Only sides this close
 # to zero make ``log(w)`` or ``1 / w`` overflow in float32 box coders; real
@@ -174,38 +175,10 @@ def _side_problem(index, name, value):
         what = 'negative'
     else:
         what = 'near-zero'
-    return 'gt box {} has {} {} ({}={})'.format(index, what, name, symbol,
-                                                _fmt(value))
-
-
-# Stable phrases of the problem sentences, by category (see problem_category).
-_CATEGORIES = (
-    ('size_mismatch', 'the annotation declares the image '),
-    ('nonfinite_input', 'input has '),
-    ('nonfinite_box', 'non-finite coordinates'),
-    ('degenerate', ('zero ', 'negative ', 'near-zero ')),
-    ('angle', ' rad outside the configured range'),
-    ('outside', 'outside the '),
-)
-
-
-def problem_category(problem):
-    """The category of a problem sentence made by this module.
-
-    Args:
-        problem (str): One entry of a sample's ``problems``.
-
-    Returns:
-        str | None: ``'size_mismatch'``, ``'nonfinite_input'``,
-        ``'nonfinite_box'``, ``'degenerate'``, ``'outside'``, ``'angle'`` or
-        ``None``.
-    """
-    for category, phrases in _CATEGORIES:
-        if isinstance(phrases, str):
-            phrases = (phrases, )
-        if any(phrase in problem for phrase in phrases):
-            return category
-    return None
+    return DataProblem(
+        ProblemCategory.DEGENERATE,
+        'gt box {} has {} {} ({}={})'.format(index, what, name, symbol,
+                                             _fmt(value)), index)
 
 
 def check_boxes(boxes, image_hw=None, angle_range=None,
@@ -224,7 +197,7 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
             degenerate.
 
     Returns:
-        list[str]: One sentence per problem, e.g.
+        list[DataProblem]: One per problem, e.g. the text
         ``'gt box 3 has zero height (h=0)'``; empty when the boxes are fine
         or not recognised.
     """
@@ -238,8 +211,10 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
     for i in range(t.shape[0]):
         if not bool(finite[i]):
             coords = ', '.join(_fmt(v) for v in t[i].tolist())
-            problems.append('gt box {} has non-finite coordinates ({})'.format(
-                i, coords))
+            problems.append(DataProblem(
+                ProblemCategory.NONFINITE_BOX,
+                'gt box {} has non-finite coordinates ({})'.format(i, coords),
+                i))
             continue
         for name, value in zip(names, (float(width[i]), float(height[i]))):
             if value <= min_size:
@@ -247,18 +222,21 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
         if image_hw is not None:
             img_h, img_w = image_hw
             if x2[i] <= 0 or y2[i] <= 0 or x1[i] >= img_w or y1[i] >= img_h:
-                problems.append(
+                problems.append(DataProblem(
+                    ProblemCategory.OUTSIDE,
                     'gt box {} lies outside the {}x{} image '
                     '(x {}..{}, y {}..{})'.format(
                         i, int(img_w), int(img_h), _fmt(x1[i]), _fmt(x2[i]),
-                        _fmt(y1[i]), _fmt(y2[i])))
+                        _fmt(y1[i]), _fmt(y2[i])), i))
         if kind == 'rbox' and angle_range is not None:
             angle = float(t[i, 4])
             low, high = angle_range
             if not low - _ANGLE_TOL <= angle <= high + _ANGLE_TOL:
-                problems.append(
+                problems.append(DataProblem(
+                    ProblemCategory.ANGLE,
                     'gt box {} has angle {} rad outside the configured range '
-                    '[{}, {}]'.format(i, _fmt(angle), _fmt(low), _fmt(high)))
+                    '[{}, {}]'.format(i, _fmt(angle), _fmt(low), _fmt(high)),
+                    i))
     return problems
 
 
@@ -269,7 +247,9 @@ def _nonfinite_problem(tensor, what):
     inf = int(torch.isinf(tensor).sum())
     if not nan and not inf:
         return None
-    return '{} has {} NaN and {} Inf values'.format(what, nan, inf)
+    return DataProblem(ProblemCategory.NONFINITE_INPUT,
+                       '{} has {} NaN and {} Inf values'.format(what, nan,
+                                                                inf))
 
 
 def _per_sample_inputs(inputs, n):
@@ -303,7 +283,7 @@ def size_mismatch_problem(declared, sample):
         sample: The data sample; its ``ori_shape`` is the loaded image's.
 
     Returns:
-        str | None: The problem, or ``None`` when the sizes agree.
+        DataProblem | None: The problem, or ``None`` when the sizes agree.
     """
     shape = _metainfo(sample).get('ori_shape')
     if declared is None or shape is None or len(shape) < 2:
@@ -319,7 +299,7 @@ def size_mismatch_problem(declared, sample):
     if (dw, dh) == (height, width):
         text += ('; the declared size is the file\'s turned by 90 degrees: '
                  'an EXIF orientation the image loader applied')
-    return text
+    return DataProblem(ProblemCategory.SIZE_MISMATCH, text)
 
 
 def declared_sizes(dataset, data_batch):
@@ -385,9 +365,9 @@ def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE,
             the image as loaded is the sample's first problem.
 
     Returns:
-        list[dict]: ``{'index', 'img_path', 'problems'}`` for every sample
-        of the batch (``problems`` may be empty); empty when the batch has
-        no recognisable per-sample layout.
+        list[SampleFinding]: One per sample of the batch (``problems`` may
+        be empty); empty when the batch has no recognisable per-sample
+        layout.
     """
     n = batch_size(data_batch)
     if not n or not isinstance(data_batch, Mapping):
@@ -415,9 +395,9 @@ def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE,
         if len(problems) > MAX_PROBLEMS_PER_SAMPLE:
             extra = len(problems) - MAX_PROBLEMS_PER_SAMPLE
             problems = problems[:MAX_PROBLEMS_PER_SAMPLE]
-            problems.append('... and {} more'.format(extra))
-        results.append({'index': i, 'img_path': sample_img_path(sample),
-                        'problems': problems})
+            problems.append(DataProblem(None,
+                                        '... and {} more'.format(extra)))
+        results.append(SampleFinding(i, sample_img_path(sample), problems))
     return results
 
 

@@ -1,140 +1,21 @@
-"""The replay bundle: an atomically written, self-checking dump directory.
-
-Layout of a bundle directory::
-
-    manifest.json   written last; lists every other file with size and sha256
-    report.json     the diagnosis
-    <stem>.pth      torch.save'd objects (data_batch, model, optimizer, rng...)
-    <name>          text files (config, report.txt)
-    history.json    the last iterations' loss / grad norm / lr / loss scale
-    history.png     their plot, the failing iteration marked
-"""
+"""Writing a bundle atomically, and keeping at most ``max_dumps`` of them."""
 import datetime
-import hashlib
 import json
 import logging
-import math
-import numbers
 import os
 import os.path as osp
-import platform
 import re
 import shutil
 import socket
-import sys
 import tempfile
 
-import numpy as np
 import torch
 from mmengine.logging import print_log
 
-from .compat import distribution_version, torch_load
-from .errors import BundleError
-from ._format import one_line as _one_line
-from .sentinel import plot_history
-from .version import __version__
-
-FORMAT_VERSION = 1
-
-MANIFEST = 'manifest.json'
-REPORT = 'report.json'
-HISTORY_JSON = 'history.json'
-HISTORY_PNG = 'history.png'
-TORCH_SUFFIX = '.pth'
-_RESERVED = (MANIFEST, REPORT, HISTORY_JSON, HISTORY_PNG)
-
-# A bundle being written lives in '.mmnan-tmp.<pid>.<host>.<random>' inside
-# dump_dir, so that a write killed midway is recognisable by its name.
-_TMP_PREFIX = '.mmnan-tmp.'
-
-# Module name -> distribution names, for packages not imported yet.
-_PACKAGES = (
-    ('torch', ('torch', )),
-    ('mmengine', ('mmengine', 'mmengine-lite')),
-    ('mmcv', ('mmcv', 'mmcv-full', 'mmcv-lite')),
-    ('mmdet', ('mmdet', )),
-    ('mmrotate', ('mmrotate', )),
-)
-
-
-def versions():
-    """Versions of python, torch, the OpenMMLab packages and mmnanhook.
-
-    An imported package reports its ``__version__``; one not imported yet is
-    looked up in the installed distributions rather than imported (importing
-    mmdet just to read its version costs seconds).
-
-    Returns:
-        dict: Package name -> version string, ``None`` when not installed.
-    """
-    result = {'python': platform.python_version()}
-    for module, distributions in _PACKAGES:
-        loaded = sys.modules.get(module)
-        found = getattr(loaded, '__version__', None)
-        result[module] = (str(found) if found is not None else
-                          distribution_version(distributions))
-    result['mmnanhook'] = __version__
-    return result
-
-
-def to_strict_json(obj):
-    """Convert ``obj`` into plain data that :func:`json.dumps` writes as
-    strict JSON.
-
-    Non-finite floats become the strings ``"nan"``, ``"inf"`` and ``"-inf"``;
-    numpy and torch scalars become python numbers, arrays and tensors
-    (nested) lists, tuples and sets lists, mapping keys strings. Anything
-    else is written as its ``str``, so that a report never fails to save.
-
-    Args:
-        obj: The object to convert.
-
-    Returns:
-        The converted object.
-    """
-    if obj is None or isinstance(obj, (bool, str)):
-        return obj
-    if isinstance(obj, (np.ndarray, np.generic, torch.Tensor)):
-        obj = obj.tolist() if not isinstance(obj, np.generic) else obj.item()
-        return to_strict_json(obj)
-    if isinstance(obj, numbers.Integral):
-        return int(obj)
-    if isinstance(obj, numbers.Real):
-        value = float(obj)
-        if math.isnan(value):
-            return 'nan'
-        if math.isinf(value):
-            return 'inf' if value > 0 else '-inf'
-        return value
-    if isinstance(obj, dict):
-        return {str(key): to_strict_json(value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple, set, frozenset)):
-        return [to_strict_json(value) for value in obj]
-    return str(obj)
-
-
-def bundle_name(iter, rank, when=None):
-    """Directory name of a bundle, e.g. ``20261130T214500_iter000123_rank0``.
-
-    The local timestamp comes first so that a plain listing of ``dump_dir``
-    shows bundles in the order they were written.
-
-    Args:
-        iter (int): Global iteration of the trigger.
-        rank (int): Rank writing the bundle.
-        when (datetime.datetime, optional): Time stamp; now by default.
-    """
-    when = when or datetime.datetime.now()
-    return '{}_iter{:06d}_rank{}'.format(
-        when.strftime('%Y%m%dT%H%M%S'), int(iter), int(rank))
-
-
-def _sha256(path):
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            digest.update(chunk)
-    return digest.hexdigest()
+from ._layout import (_RESERVED, _TMP_PREFIX, FORMAT_VERSION, HISTORY_JSON,
+                      HISTORY_PNG, MANIFEST, REPORT, TORCH_SUFFIX, sha256,
+                      to_strict_json, versions)
+from ._plot import plot_history
 
 
 def _fsync_dir(path):
@@ -387,7 +268,7 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
         full['files'] = [{
             'name': entry,
             'size': osp.getsize(osp.join(tmp, entry)),
-            'sha256': _sha256(osp.join(tmp, entry)),
+            'sha256': sha256(osp.join(tmp, entry)),
         } for entry in sorted(os.listdir(tmp))]
         _write_json(osp.join(tmp, MANIFEST), full)
         _fsync_dir(tmp)
@@ -427,148 +308,3 @@ def _plot(records, path, fail_iter, log):
             os.remove(path)
         log('mmnanhook: history.png is left out of the bundle: {}: {}'.format(
             type(error).__name__, error), logging.WARNING)
-
-
-class Bundle(object):
-    """A bundle directory that passed :func:`load_bundle`'s checks.
-
-    Attributes:
-        path (str): The bundle directory.
-        manifest (dict): ``manifest.json``.
-        report (dict): ``report.json``.
-        files (dict): File name -> manifest entry (name, size, sha256).
-    """
-
-    def __init__(self, path, manifest, report, map_location):
-        self.path = path
-        self.manifest = manifest
-        self.report = report
-        self.files = {entry['name']: entry for entry in manifest['files']}
-        self._map_location = map_location
-        self._loaded = {}
-
-    def __repr__(self):
-        return 'Bundle({!r})'.format(self.path)
-
-    def has(self, stem):
-        """Whether the torch file ``<stem>.pth`` is in the bundle."""
-        return stem + TORCH_SUFFIX in self.files
-
-    def load(self, stem):
-        """Unpickle ``<stem>.pth`` (once; later calls return the same object).
-
-        Args:
-            stem (str): e.g. ``'data_batch'``, ``'model'``, ``'rng'``.
-
-        Raises:
-            BundleError: The file is absent or cannot be unpickled (e.g. the
-                classes of the data samples are not importable here).
-        """
-        if stem in self._loaded:
-            return self._loaded[stem]
-        file_name = stem + TORCH_SUFFIX
-        if file_name not in self.files:
-            reason = self.manifest.get('unsaved', {}).get(stem)
-            raise BundleError(_one_line(
-                '{} has no {}{}'.format(
-                    self.path, file_name,
-                    ' (it could not be saved: {})'.format(reason)
-                    if reason else '')))
-        try:
-            obj = torch_load(osp.join(self.path, file_name),
-                             map_location=self._map_location)
-        except Exception as error:  # noqa: BLE001 - any unpickling failure
-            raise BundleError(_one_line('cannot load {}: {}: {}'.format(
-                osp.join(self.path, file_name), type(error).__name__,
-                error)))
-        self._loaded[stem] = obj
-        return obj
-
-    def text(self, file_name):
-        """The content of a text file of the bundle (e.g. the config)."""
-        if file_name not in self.files:
-            raise BundleError('{} has no {}'.format(self.path, file_name))
-        with open(osp.join(self.path, file_name), 'rb') as f:
-            return f.read().decode('utf-8')
-
-
-def _load_json(path):
-    try:
-        with open(path, 'rb') as f:
-            return json.loads(f.read().decode('utf-8'))
-    except (OSError, ValueError) as error:
-        raise BundleError(_one_line('corrupt {}: {}'.format(path, error)))
-
-
-def load_bundle(path, map_location='cpu', load=()):
-    """Open and verify a bundle written by :func:`write_bundle`.
-
-    Every file listed in the manifest is checked for presence, size and
-    sha256, so a truncated or altered bundle is rejected before use.
-
-    Args:
-        path (str): Bundle directory.
-        map_location: Where tensors go; ``'cpu'`` so that a bundle written
-            on a GPU loads on a CPU-only machine.
-        load (Sequence[str]): Torch file stems to unpickle right away, so
-            that their errors surface here; the others load on
-            :meth:`Bundle.load`.
-
-    Returns:
-        Bundle: The verified bundle.
-
-    Raises:
-        BundleError: With a one-line message naming the problem and the file.
-    """
-    if not osp.exists(path):
-        raise BundleError('bundle not found: {}'.format(path))
-    if not osp.isdir(path):
-        raise BundleError('not a bundle (not a directory): {}'.format(path))
-    path = osp.normpath(path)
-    if osp.basename(path).startswith(_TMP_PREFIX):
-        raise BundleError(
-            'partial bundle (its write was interrupted): {}'.format(path))
-    manifest_path = osp.join(path, MANIFEST)
-    if not osp.isfile(manifest_path):
-        raise BundleError('not an mmnanhook bundle (no {}): {}'.format(
-            MANIFEST, path))
-    manifest = _load_json(manifest_path)
-    if not isinstance(manifest, dict) or 'format_version' not in manifest:
-        raise BundleError(
-            'corrupt {}: no format_version'.format(manifest_path))
-    if manifest['format_version'] != FORMAT_VERSION:
-        raise BundleError(_one_line(
-            'unknown bundle format_version {!r} in {} (this mmnanhook {} '
-            'reads {})'.format(manifest['format_version'], manifest_path,
-                               __version__, FORMAT_VERSION)))
-    files = manifest.get('files')
-    if not isinstance(files, list) or not all(
-            isinstance(entry, dict) and isinstance(entry.get('name'), str)
-            and osp.basename(entry['name']) == entry['name']
-            and entry['name'] not in ('', '.', '..', MANIFEST)
-            and isinstance(entry.get('size'), int)
-            and isinstance(entry.get('sha256'), str) for entry in files):
-        raise BundleError(
-            'corrupt {}: bad "files" list'.format(manifest_path))
-    for entry in files:
-        file_path = osp.join(path, entry['name'])
-        if not osp.isfile(file_path):
-            raise BundleError('missing file {} (listed in {})'.format(
-                file_path, MANIFEST))
-        size = osp.getsize(file_path)
-        if size != entry['size']:
-            raise BundleError(
-                'truncated or altered file {}: {} bytes, the manifest says {}'
-                .format(file_path, size, entry['size']))
-        if _sha256(file_path) != entry['sha256']:
-            raise BundleError(
-                'altered file {}: sha256 differs from the manifest'.format(
-                    file_path))
-    if REPORT not in {entry['name'] for entry in files}:
-        raise BundleError('corrupt {}: {} is not listed'.format(
-            manifest_path, REPORT))
-    report = _load_json(osp.join(path, REPORT))
-    bundle = Bundle(path, manifest, report, map_location)
-    for stem in load:
-        bundle.load(stem)
-    return bundle

@@ -11,12 +11,14 @@ from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
-from .bundle import bundle_name, to_strict_json, write_bundle
-from .data_checks import angle_range_from_config, declared_sizes
-from .diagnosis import diagnose
-from .replay import CONFIG_FILE, amp_dtype_name
-from .report import format_report, new_report
-from .sentinel import restore_rng
+from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_TEXT,
+                      RNG, bundle_name, render_manifest, to_strict_json,
+                      write_bundle)
+from ..records import Report
+from ..report import format_report
+from ..sentinel import restore_rng
+from ._data import angle_range_from_config, declared_sizes
+from ._diagnose import diagnose
 
 
 def _amp_dtype(optim_wrapper):
@@ -33,9 +35,7 @@ def _amp_dtype(optim_wrapper):
 
 def _unreplayed_report(summary):
     # A diagnosis that did not run (or crashed) must not cost the bundle.
-    report = new_report()
-    report['summary'] = summary
-    return report
+    return Report(summary=summary)
 
 
 def _declared_sizes(runner, data_batch):
@@ -48,26 +48,6 @@ def _declared_sizes(runner, data_batch):
             type(error).__name__, error), logger='current',
             level=logging.WARNING)
         return None
-
-
-def _manifest(runner, event, amp_dtype, declared):
-    return dict(
-        declared_sizes=declared,
-        iter=event.iter if event.iter is not None else runner.iter,
-        epoch=runner.epoch,
-        rank=event.rank,
-        world_size=event.world_size,
-        trigger=event.trigger.value,
-        bad_ranks=event.bad_ranks,
-        losses=event.losses,
-        nonfinite_losses=event.nonfinite_losses,
-        grad_norm=event.grad_norm,
-        nonfinite_grads=dict(names=event.nonfinite_grads,
-                             count=event.nonfinite_grad_count),
-        loss_scale=event.loss_scale,
-        amp_dtype=amp_dtype_name(amp_dtype),
-        message=event.message,
-        exception=event.exception)
 
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
@@ -120,18 +100,21 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
               level=logging.ERROR)
     path = None
     if max_dumps:
-        tensors = dict(data_batch=data_batch, model=model.state_dict(),
-                       rng=rng_state)
+        tensors = {DATA_BATCH: data_batch, MODEL: model.state_dict(),
+                   RNG: rng_state}
         if dump_optimizer:
-            tensors['optimizer'] = optim_state
-        manifest = to_strict_json(_manifest(runner, event, amp_dtype,
-                                            declared))
+            tensors[OPTIMIZER] = optim_state
+        if event.iter is None:
+            event.iter = runner.iter
+        manifest = render_manifest(event, runner.epoch, amp_dtype, declared)
         path = write_bundle(
             dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
             tensors, {CONFIG_FILE: _config_text(runner.cfg),
-                      'report.txt': text + '\n'},
-            to_strict_json(report), history_records, max_dumps=max_dumps)
-    return dict(bundle=path, summary=report.get('summary'), report=report,
+                      REPORT_TEXT: text + '\n'},
+            to_strict_json(report.to_dict()), history_records,
+            max_dumps=max_dumps)
+    # What the error carries is report.json's content.
+    return dict(bundle=path, summary=report.summary, report=report.to_dict(),
                 seconds=time.time() - start)
 
 

@@ -1,5 +1,5 @@
 """The replay bundle: round trip, strict JSON, atomicity, retention, errors,
-history plot and RNG capture."""
+the history plot."""
 import json
 import logging
 import os
@@ -20,11 +20,13 @@ from mmnanhook.bundle import (FORMAT_VERSION, bundle_name, load_bundle,
                               to_strict_json, versions, write_bundle)
 from mmnanhook.compat import TORCH_VERSION
 from mmnanhook.errors import BundleError
-from mmnanhook.sentinel import History, plot_history
+from mmnanhook.testing.bundles import CORRUPTIONS
+from mmnanhook.bundle import plot_history
+from mmnanhook.sentinel import History
 from mmnanhook.sentinel import capture_rng, restore_rng
 
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
-REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
 def _run_script(tmp_path, source, *args):
@@ -346,91 +348,6 @@ def test_existing_name_gets_a_suffix(tmp_path):
     assert load_bundle(first) and load_bundle(second)
 
 
-def _rewrite_manifest(path, edit):
-    manifest_path = osp.join(path, 'manifest.json')
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    edit(manifest)
-    with open(manifest_path, 'w') as f:
-        json.dump(manifest, f)
-
-
-def _replace_listed_file(path, name, data):
-    """Replace a file and its manifest entry: only its content is wrong."""
-    import hashlib
-    with open(osp.join(path, name), 'wb') as f:
-        f.write(data)
-
-    def edit(manifest):
-        for entry in manifest['files']:
-            if entry['name'] == name:
-                entry['size'] = len(data)
-                entry['sha256'] = hashlib.sha256(data).hexdigest()
-
-    _rewrite_manifest(path, edit)
-
-
-def _truncate(file_path):
-    with open(file_path, 'rb') as f:
-        data = f.read()
-    with open(file_path, 'wb') as f:
-        f.write(data[:len(data) // 2])
-    return file_path
-
-
-def _flip_byte(file_path):
-    with open(file_path, 'r+b') as f:
-        f.seek(100)
-        byte = f.read(1)
-        f.seek(100)
-        f.write(bytes([byte[0] ^ 0xff]))
-    return file_path
-
-
-def _set_version(manifest):
-    manifest['format_version'] = 99
-
-
-def _escape_files(manifest):
-    manifest['files'][0]['name'] = '../outside.txt'
-
-
-CORRUPTIONS = {
-    'missing path': (lambda p: p + '_nope', 'not found'),
-    'a file': (lambda p: osp.join(p, 'config.py'), 'not a directory'),
-    'foreign empty dir':
-    (lambda p: (os.mkdir(p + '_x'), p + '_x')[1], 'no manifest.json'),
-    'foreign dir': (lambda p: (os.remove(osp.join(p, 'manifest.json')), p)[1],
-                    'no manifest.json'),
-    'truncated manifest':
-    (lambda p: (_truncate(osp.join(p, 'manifest.json')), p)[1],
-     'corrupt {manifest}'),
-    'manifest not an object':
-    (lambda p: (_replace_text(osp.join(p, 'manifest.json'), '[1]'), p)[1],
-     'no format_version'),
-    'unknown format_version':
-    (lambda p: (_rewrite_manifest(p, _set_version), p)[1],
-     'format_version 99'),
-    'bad files list': (lambda p: (_rewrite_manifest(p, _escape_files), p)[1],
-                       'bad "files" list'),
-    'missing file': (lambda p: (os.remove(osp.join(p, 'model.pth')), p)[1],
-                     'missing file {model}'),
-    'truncated file': (lambda p: (_truncate(osp.join(p, 'model.pth')), p)[1],
-                       'truncated or altered file {model}'),
-    'sha256 mismatch':
-    (lambda p: (_flip_byte(osp.join(p, 'model.pth')), p)[1],
-     'altered file {model}: sha256'),
-    'corrupt report':
-    (lambda p: (_replace_listed_file(p, 'report.json', b'{"kind": '), p)[1],
-     'corrupt {report}'),
-}
-
-
-def _replace_text(file_path, text):
-    with open(file_path, 'w') as f:
-        f.write(text)
-
-
 @pytest.mark.parametrize('case', sorted(CORRUPTIONS))
 def test_bad_bundles_raise_one_line_bundle_error(tmp_path, case):
     good = _write(tmp_path)
@@ -485,19 +402,6 @@ def test_unpicklable_object_is_left_out_with_reason(tmp_path, logger,
         bundle.load('data_batch')
 
 
-def test_history_ring_buffer():
-    history = History(maxlen=3)
-    for it in range(5):
-        history.append(it, loss=torch.tensor(float(it)), lr=0.1)
-    history.append(5, loss=float('nan'), grad_norm=float('inf'))
-    records = history.records()
-    assert len(history) == 3 and history.maxlen == 3
-    assert [r['iter'] for r in records] == [3, 4, 5]
-    assert records[0] == {'iter': 3, 'loss': 3.0, 'grad_norm': None,
-                          'lr': 0.1, 'loss_scale': None}
-    assert np.isnan(records[-1]['loss']) and records[-1]['grad_norm'] > 1e308
-
-
 @pytest.mark.parametrize('records', [
     'mixed',
     'empty',
@@ -520,49 +424,3 @@ def test_plot_history_writes_png(tmp_path, records):
         assert f.read(8) == PNG_SIGNATURE
     height, width = matplotlib.image.imread(path).shape[:2]
     assert height > 100 and width > 100
-
-
-def test_rng_capture_restore_reproduces_draws():
-    state = capture_rng()
-    first = (torch.rand(5), torch.randn(2, 2), np.random.rand(3),
-             np.random.randint(0, 1000, 4), random.random(),
-             random.randint(0, 10**9))
-    restore_rng(state)
-    second = (torch.rand(5), torch.randn(2, 2), np.random.rand(3),
-              np.random.randint(0, 1000, 4), random.random(),
-              random.randint(0, 10**9))
-    for a, b in zip(first, second):
-        assert np.array_equal(np.asarray(a), np.asarray(b))
-    # The state is a snapshot, not a view of the live generators.
-    assert not torch.equal(torch.rand(5), first[0])
-
-
-@pytest.mark.skipif(torch.cuda.is_available(),
-                    reason='checks the CPU-only path of a GPU bundle')
-def test_restore_rng_skips_cuda_state_without_cuda(logger, caplog):
-    state = capture_rng()
-    state['cuda'] = [torch.zeros(16, dtype=torch.uint8)]
-    expected = torch.rand(3)
-    restore_rng(state, logger=logger)
-    assert torch.equal(torch.rand(3), expected)
-    assert 'CUDA RNG states were captured but CUDA is not available' in \
-        caplog.text
-
-
-def test_numpy2_pickles_load_with_any_numpy(tmp_path):
-    """A bundle written with numpy>=2 (modern torch) names ``numpy._core``;
-    it must load where numpy<2 runs (torch 1.7)."""
-    import zipfile
-    from mmnanhook.compat import torch_load
-    source, written = str(tmp_path / 'src.pth'), str(tmp_path / 'np2.pth')
-    torch.save({'scale_factor': np.array([1.5, 2.0])}, source)
-    with zipfile.ZipFile(source) as src, zipfile.ZipFile(written, 'w') as dst:
-        for info in src.infolist():
-            data = src.read(info.filename)
-            if info.filename.endswith('data.pkl'):
-                # Protocol-2 GLOBAL opcodes name modules as plain text.
-                data = data.replace(b'cnumpy.core.', b'cnumpy._core.')
-                assert b'cnumpy._core.' in data
-            dst.writestr(info, data)
-    np.testing.assert_array_equal(
-        torch_load(written)['scale_factor'], [1.5, 2.0])

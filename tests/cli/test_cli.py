@@ -24,101 +24,21 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 
-import replay_toys
 from mmnanhook import NonFiniteError, compat
-from mmnanhook.testing import testbed
 from mmnanhook.bundle import load_bundle
 from mmnanhook.sentinel import capture_rng, restore_rng
-from test_bundle import CORRUPTIONS, _replace_listed_file
 from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
+from mmnanhook.testing import testbed
+from mmnanhook.testing.bundles import CORRUPTIONS, replace_listed_file
+from mmnanhook.testing.cli import (PROJECT_DIR, assert_bad_input,
+                                   assert_same_report, mmnan, replay_json,
+                                   run_report)
 
-TESTS_DIR = osp.dirname(osp.abspath(__file__))
+if PROJECT_DIR not in sys.path:
+    sys.path.insert(0, PROJECT_DIR)
+import replay_toys  # noqa: E402 - the project module, found on that path
+
 BATCH = 2
-
-# -- helpers shared with test_demo.py --------------------------------------
-
-
-def mmnan(*args, **kwargs):
-    """Run ``python -m mmnanhook ARGS`` in a fresh process.
-
-    Args:
-        *args: Command-line arguments.
-        importable (bool): Whether :mod:`replay_toys` is importable there.
-            Defaults to True.
-
-    Returns:
-        subprocess.CompletedProcess: With ``stdout`` and ``stderr`` as text.
-    """
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    paths = [p for p in env.pop('PYTHONPATH', '').split(os.pathsep) if p]
-    if kwargs.pop('importable', True):
-        paths.insert(0, TESTS_DIR)
-    if paths:
-        env['PYTHONPATH'] = os.pathsep.join(paths)
-    assert not kwargs, kwargs
-    # cwd: python -m puts it on sys.path; the repository root holds no
-    # importable test module, so PYTHONPATH alone decides.
-    return subprocess.run(
-        [sys.executable, '-m', 'mmnanhook'] + [str(a) for a in args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        universal_newlines=True, env=env, cwd=osp.dirname(TESTS_DIR),
-        timeout=600)
-
-
-def run_report(bundle):
-    """The ``report.json`` the run wrote into ``bundle``."""
-    with open(osp.join(bundle, 'report.json')) as f:
-        return json.load(f)
-
-
-def assert_same_report(replayed, original):
-    """Everything but the time it took is the same."""
-    replayed, original = dict(replayed), dict(original)
-    for report in (replayed, original):
-        report.pop('elapsed_s')
-    assert replayed == original
-
-
-def replay_json(bundle, *flags):
-    """``mmnan replay BUNDLE --device cpu --json FLAGS``: (exit code,
-    report)."""
-    result = mmnan('replay', bundle, '--device', 'cpu', '--json', *flags)
-    assert result.returncode in (0, 3), result.stderr
-    # stdout holds the report alone (logs go to stderr).
-    return result.returncode, json.loads(result.stdout)
-
-
-# A Python warning on stderr: its 'file:line: XWarning: message' line, then
-# the indented source line.
-_PY_WARNING = re.compile(r'^\S.*:\d+: \w*Warning: ')
-
-
-def message_lines(stderr):
-    """The lines of ``stderr`` that are not Python warnings.
-
-    torch 1.7 without a GPU and mmengine on torch < 1.8 warn while being
-    imported, before the CLI runs; that is no part of its answer.
-    """
-    lines, after_warning = [], False
-    for line in stderr.splitlines():
-        if _PY_WARNING.match(line):
-            after_warning = True
-        elif after_warning and line.startswith(' '):
-            after_warning = False
-        else:
-            after_warning = False
-            lines.append(line)
-    return lines
-
-
-def assert_bad_input(result, command, expected):
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert 'Traceback' not in result.stderr
-    assert result.stdout == ''
-    lines = message_lines(result.stderr)
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith('mmnan {}: error: '.format(command))
-    assert expected in lines[0]
 
 
 def _line_of(module, marker):
@@ -216,7 +136,7 @@ def test_replay_that_comes_out_finite_exits_3(subset_bundle, tmp_path):
     assert any(_first_keep(other))
     data = io.BytesIO()
     torch.save(other, data)
-    _replace_listed_file(bundle, 'rng.pth', data.getvalue())
+    replace_listed_file(bundle, 'rng.pth', data.getvalue())
 
     result = mmnan('replay', bundle)
     assert result.returncode == 3, result.stderr
@@ -275,7 +195,7 @@ def test_inspect_shows_the_manifest_and_the_report(subset_bundle):
 
 def _garbage_data_batch(path):
     # Listed with the right size and sha256: only unpickling fails.
-    _replace_listed_file(path, 'data_batch.pth', b'not a torch file')
+    replace_listed_file(path, 'data_batch.pth', b'not a torch file')
     return path
 
 

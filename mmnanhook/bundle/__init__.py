@@ -1,0 +1,23 @@
+"""The bundle: an atomically written, self-checking dump of one trigger.
+
+* :mod:`._layout`: file names, format version, directory names; how the
+  manifest and the JSON files render what was recorded.
+* :mod:`._writer`: atomic writes, retention (``max_dumps``).
+* :mod:`._reader`: verified loading (:func:`load_bundle`).
+* :mod:`._plot`: ``history.png``.
+"""
+from ._layout import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, FORMAT_VERSION,
+                      HISTORY_JSON, HISTORY_PNG, MANIFEST, MODEL, OPTIMIZER,
+                      REPORT, REPORT_TEXT, RNG, TORCH_SUFFIX, amp_dtype_name,
+                      bundle_name, render_manifest, to_strict_json, versions)
+from ._plot import plot_history
+from ._reader import Bundle, load_bundle
+from ._writer import write_bundle
+
+__all__ = [
+    'AMP_DTYPES', 'Bundle', 'CONFIG_FILE', 'DATA_BATCH', 'FORMAT_VERSION',
+    'HISTORY_JSON', 'HISTORY_PNG', 'MANIFEST', 'MODEL', 'OPTIMIZER', 'REPORT',
+    'REPORT_TEXT', 'RNG', 'TORCH_SUFFIX', 'amp_dtype_name', 'bundle_name',
+    'load_bundle', 'plot_history', 'render_manifest', 'to_strict_json',
+    'versions', 'write_bundle'
+]

@@ -1,0 +1,154 @@
+"""Opening a bundle: every file verified against the manifest first."""
+import json
+import os.path as osp
+
+from .._format import one_line as _one_line
+from ..compat import torch_load
+from ..errors import BundleError
+from ..version import __version__
+from ._layout import FORMAT_VERSION, MANIFEST, REPORT, TORCH_SUFFIX, \
+    _TMP_PREFIX, sha256
+
+class Bundle(object):
+    """A bundle directory that passed :func:`load_bundle`'s checks.
+
+    Attributes:
+        path (str): The bundle directory.
+        manifest (dict): ``manifest.json``.
+        report (dict): ``report.json``.
+        files (dict): File name -> manifest entry (name, size, sha256).
+    """
+
+    def __init__(self, path, manifest, report, map_location):
+        self.path = path
+        self.manifest = manifest
+        self.report = report
+        self.files = {entry['name']: entry for entry in manifest['files']}
+        self._map_location = map_location
+        self._loaded = {}
+
+    def __repr__(self):
+        return 'Bundle({!r})'.format(self.path)
+
+    def has(self, stem):
+        """Whether the torch file ``<stem>.pth`` is in the bundle."""
+        return stem + TORCH_SUFFIX in self.files
+
+    def load(self, stem):
+        """Unpickle ``<stem>.pth`` (once; later calls return the same object).
+
+        Args:
+            stem (str): e.g. ``'data_batch'``, ``'model'``, ``'rng'``.
+
+        Raises:
+            BundleError: The file is absent or cannot be unpickled (e.g. the
+                classes of the data samples are not importable here).
+        """
+        if stem in self._loaded:
+            return self._loaded[stem]
+        file_name = stem + TORCH_SUFFIX
+        if file_name not in self.files:
+            reason = self.manifest.get('unsaved', {}).get(stem)
+            raise BundleError(_one_line(
+                '{} has no {}{}'.format(
+                    self.path, file_name,
+                    ' (it could not be saved: {})'.format(reason)
+                    if reason else '')))
+        try:
+            obj = torch_load(osp.join(self.path, file_name),
+                             map_location=self._map_location)
+        except Exception as error:  # noqa: BLE001 - any unpickling failure
+            raise BundleError(_one_line('cannot load {}: {}: {}'.format(
+                osp.join(self.path, file_name), type(error).__name__,
+                error)))
+        self._loaded[stem] = obj
+        return obj
+
+    def text(self, file_name):
+        """The content of a text file of the bundle (e.g. the config)."""
+        if file_name not in self.files:
+            raise BundleError('{} has no {}'.format(self.path, file_name))
+        with open(osp.join(self.path, file_name), 'rb') as f:
+            return f.read().decode('utf-8')
+
+
+def _load_json(path):
+    try:
+        with open(path, 'rb') as f:
+            return json.loads(f.read().decode('utf-8'))
+    except (OSError, ValueError) as error:
+        raise BundleError(_one_line('corrupt {}: {}'.format(path, error)))
+
+
+def load_bundle(path, map_location='cpu', load=()):
+    """Open and verify a bundle written by :func:`write_bundle`.
+
+    Every file listed in the manifest is checked for presence, size and
+    sha256, so a truncated or altered bundle is rejected before use.
+
+    Args:
+        path (str): Bundle directory.
+        map_location: Where tensors go; ``'cpu'`` so that a bundle written
+            on a GPU loads on a CPU-only machine.
+        load (Sequence[str]): Torch file stems to unpickle right away, so
+            that their errors surface here; the others load on
+            :meth:`Bundle.load`.
+
+    Returns:
+        Bundle: The verified bundle.
+
+    Raises:
+        BundleError: With a one-line message naming the problem and the file.
+    """
+    if not osp.exists(path):
+        raise BundleError('bundle not found: {}'.format(path))
+    if not osp.isdir(path):
+        raise BundleError('not a bundle (not a directory): {}'.format(path))
+    path = osp.normpath(path)
+    if osp.basename(path).startswith(_TMP_PREFIX):
+        raise BundleError(
+            'partial bundle (its write was interrupted): {}'.format(path))
+    manifest_path = osp.join(path, MANIFEST)
+    if not osp.isfile(manifest_path):
+        raise BundleError('not an mmnanhook bundle (no {}): {}'.format(
+            MANIFEST, path))
+    manifest = _load_json(manifest_path)
+    if not isinstance(manifest, dict) or 'format_version' not in manifest:
+        raise BundleError(
+            'corrupt {}: no format_version'.format(manifest_path))
+    if manifest['format_version'] != FORMAT_VERSION:
+        raise BundleError(_one_line(
+            'unknown bundle format_version {!r} in {} (this mmnanhook {} '
+            'reads {})'.format(manifest['format_version'], manifest_path,
+                               __version__, FORMAT_VERSION)))
+    files = manifest.get('files')
+    if not isinstance(files, list) or not all(
+            isinstance(entry, dict) and isinstance(entry.get('name'), str)
+            and osp.basename(entry['name']) == entry['name']
+            and entry['name'] not in ('', '.', '..', MANIFEST)
+            and isinstance(entry.get('size'), int)
+            and isinstance(entry.get('sha256'), str) for entry in files):
+        raise BundleError(
+            'corrupt {}: bad "files" list'.format(manifest_path))
+    for entry in files:
+        file_path = osp.join(path, entry['name'])
+        if not osp.isfile(file_path):
+            raise BundleError('missing file {} (listed in {})'.format(
+                file_path, MANIFEST))
+        size = osp.getsize(file_path)
+        if size != entry['size']:
+            raise BundleError(
+                'truncated or altered file {}: {} bytes, the manifest says {}'
+                .format(file_path, size, entry['size']))
+        if sha256(file_path) != entry['sha256']:
+            raise BundleError(
+                'altered file {}: sha256 differs from the manifest'.format(
+                    file_path))
+    if REPORT not in {entry['name'] for entry in files}:
+        raise BundleError('corrupt {}: {} is not listed'.format(
+            manifest_path, REPORT))
+    report = _load_json(osp.join(path, REPORT))
+    bundle = Bundle(path, manifest, report, map_location)
+    for stem in load:
+        bundle.load(stem)
+    return bundle

@@ -1,0 +1,10 @@
+"""The ``mmnan`` command: ``replay``, ``inspect``, ``scan``, ``demo``.
+
+* :mod:`._main`: the argument parser and the exit codes.
+* :mod:`._replay`: offline replay of a bundle.
+* :mod:`._scan`: the pre-flight scan of a config's dataset.
+* :mod:`._demo`: the demo runs.
+"""
+from ._main import build_parser, main
+
+__all__ = ['build_parser', 'main']

@@ -1,0 +1,91 @@
+"""Running ``mmnan`` in a fresh process and reading what it answered."""
+import json
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+
+# A user's project, outside every package: its modules (``replay_toys``) are
+# importable only where this directory is on the path, as a project's are.
+PROJECT_DIR = osp.join(osp.dirname(osp.abspath(__file__)), 'project')
+
+
+def mmnan(*args, **kwargs):
+    """Run ``python -m mmnanhook ARGS`` in a fresh process.
+
+    Args:
+        *args: Command-line arguments.
+        importable (bool): Whether the project modules of
+            :data:`PROJECT_DIR` are importable there. Defaults to True.
+
+    Returns:
+        subprocess.CompletedProcess: With ``stdout`` and ``stderr`` as text.
+    """
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    paths = [p for p in env.pop('PYTHONPATH', '').split(os.pathsep) if p]
+    if kwargs.pop('importable', True):
+        paths.insert(0, PROJECT_DIR)
+    if paths:
+        env['PYTHONPATH'] = os.pathsep.join(paths)
+    assert not kwargs, kwargs
+    return subprocess.run(
+        [sys.executable, '-m', 'mmnanhook'] + [str(a) for a in args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        universal_newlines=True, env=env, timeout=600)
+
+
+def run_report(bundle):
+    """The ``report.json`` the run wrote into ``bundle``."""
+    with open(osp.join(bundle, 'report.json')) as f:
+        return json.load(f)
+
+
+def assert_same_report(replayed, original):
+    """Everything but the time it took is the same."""
+    replayed, original = dict(replayed), dict(original)
+    for report in (replayed, original):
+        report.pop('elapsed_s')
+    assert replayed == original
+
+
+def replay_json(bundle, *flags):
+    """``mmnan replay BUNDLE --device cpu --json FLAGS``: (exit code,
+    report)."""
+    result = mmnan('replay', bundle, '--device', 'cpu', '--json', *flags)
+    assert result.returncode in (0, 3), result.stderr
+    # stdout holds the report alone (logs go to stderr).
+    return result.returncode, json.loads(result.stdout)
+
+
+# A Python warning on stderr: its 'file:line: XWarning: message' line, then
+# the indented source line.
+_PY_WARNING = re.compile(r'^\S.*:\d+: \w*Warning: ')
+
+
+def message_lines(stderr):
+    """The lines of ``stderr`` that are not Python warnings.
+
+    torch 1.7 without a GPU and mmengine on torch < 1.8 warn while being
+    imported, before the CLI runs; that is no part of its answer.
+    """
+    lines, after_warning = [], False
+    for line in stderr.splitlines():
+        if _PY_WARNING.match(line):
+            after_warning = True
+        elif after_warning and line.startswith(' '):
+            after_warning = False
+        else:
+            after_warning = False
+            lines.append(line)
+    return lines
+
+
+def assert_bad_input(result, command, expected):
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert 'Traceback' not in result.stderr
+    assert result.stdout == ''
+    lines = message_lines(result.stderr)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith('mmnan {}: error: '.format(command))
+    assert expected in lines[0]

@@ -1,0 +1,20 @@
+"""Tier 1 under DDP: two CPU processes over gloo, started by a real launcher
+(see :mod:`mmnanhook.testing.ddp`): rank 1 alone sees an infinite loss whose
+gradients are finite, and both ranks stop in the same iteration."""
+import pytest
+
+from mmnanhook.testing.ddp import BAD_ITER, BAD_RANK, run_ranks
+
+
+@pytest.mark.ddp
+def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
+    results, log = run_ranks('nan_loss', tmp_path)
+    for rank, result in enumerate(results):
+        assert result['raised'], (rank, log[-5000:])
+        assert result['trigger'] == 'loss'
+        assert result['iter'] == BAD_ITER
+        assert result['rank'] == rank
+        assert result['bad_ranks'] == [BAD_RANK]
+        assert 'on rank %d' % BAD_RANK in result['message']
+        assert 'rank %d of 2' % rank in result['message']
+    assert 'loss_aux=inf' in results[BAD_RANK]['message']

@@ -1,0 +1,51 @@
+"""What tier 1 keeps per step: the history ring buffer and the RNG states."""
+import logging
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from mmnanhook.sentinel import History, capture_rng, restore_rng
+
+
+def test_history_ring_buffer():
+    history = History(maxlen=3)
+    for it in range(5):
+        history.append(it, loss=torch.tensor(float(it)), lr=0.1)
+    history.append(5, loss=float('nan'), grad_norm=float('inf'))
+    records = history.records()
+    assert len(history) == 3 and history.maxlen == 3
+    assert [r['iter'] for r in records] == [3, 4, 5]
+    assert records[0] == {'iter': 3, 'loss': 3.0, 'grad_norm': None,
+                          'lr': 0.1, 'loss_scale': None}
+    assert np.isnan(records[-1]['loss']) and records[-1]['grad_norm'] > 1e308
+
+
+def test_rng_capture_restore_reproduces_draws():
+    state = capture_rng()
+    first = (torch.rand(5), torch.randn(2, 2), np.random.rand(3),
+             np.random.randint(0, 1000, 4), random.random(),
+             random.randint(0, 10**9))
+    restore_rng(state)
+    second = (torch.rand(5), torch.randn(2, 2), np.random.rand(3),
+              np.random.randint(0, 1000, 4), random.random(),
+              random.randint(0, 10**9))
+    for a, b in zip(first, second):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+    # The state is a snapshot, not a view of the live generators.
+    assert not torch.equal(torch.rand(5), first[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason='checks the CPU-only path of a GPU bundle')
+def test_restore_rng_skips_cuda_state_without_cuda(caplog):
+    caplog.set_level(logging.INFO, logger='test_history_rng')
+    logger = logging.getLogger('test_history_rng')
+    state = capture_rng()
+    state['cuda'] = [torch.zeros(16, dtype=torch.uint8)]
+    expected = torch.rand(3)
+    restore_rng(state, logger=logger)
+    assert torch.equal(torch.rand(3), expected)
+    assert 'CUDA RNG states were captured but CUDA is not available' in \
+        caplog.text

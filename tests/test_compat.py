@@ -1,0 +1,31 @@
+"""The version shims of :mod:`mmnanhook.compat`."""
+import numpy as np
+import torch
+
+from mmnanhook import compat
+
+
+def test_exception_note_keeps_type_and_message():
+    exc = RuntimeError('boom')
+    compat.add_exception_note(exc, 'extra context')
+    assert type(exc) is RuntimeError
+    shown = str(exc) + ''.join(getattr(exc, '__notes__', []))
+    assert 'boom' in shown and 'extra context' in shown
+
+
+def test_numpy2_pickles_load_with_any_numpy(tmp_path):
+    """A bundle written with numpy>=2 (modern torch) names ``numpy._core``;
+    it must load where numpy<2 runs (torch 1.7)."""
+    import zipfile
+    source, written = str(tmp_path / 'src.pth'), str(tmp_path / 'np2.pth')
+    torch.save({'scale_factor': np.array([1.5, 2.0])}, source)
+    with zipfile.ZipFile(source) as src, zipfile.ZipFile(written, 'w') as dst:
+        for info in src.infolist():
+            data = src.read(info.filename)
+            if info.filename.endswith('data.pkl'):
+                # Protocol-2 GLOBAL opcodes name modules as plain text.
+                data = data.replace(b'cnumpy.core.', b'cnumpy._core.')
+                assert b'cnumpy._core.' in data
+            dst.writestr(info, data)
+    np.testing.assert_array_equal(
+        compat.torch_load(written)['scale_factor'], [1.5, 2.0])
