@@ -29,13 +29,17 @@ class AnomalyMessages(object):
 
 
 @contextlib.contextmanager
-def capture_anomaly_warnings():
+def capture_anomaly_warnings(record=None):
     """Record anomaly mode's warnings; re-emit every other one once on exit.
+
+    Args:
+        record (AnomalyMessages, optional): What to fill; a new one by
+            default.
 
     Yields:
         AnomalyMessages: Filled when the block exits.
     """
-    record = AnomalyMessages()
+    record = AnomalyMessages() if record is None else record
     catcher = warnings.catch_warnings(record=True)
     caught = catcher.__enter__()
     try:

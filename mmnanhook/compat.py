@@ -86,13 +86,6 @@ def restore_anomaly(state):
 HAS_FOREACH_NORM = hasattr(torch, '_foreach_norm')
 
 
-def register_backward_hook(module, hook):
-    """Full backward hook on torch >= 1.8; ``None`` on 1.7 (its hook is buggy)."""
-    if hasattr(module, 'register_full_backward_hook'):
-        return module.register_full_backward_hook(hook)
-    return None
-
-
 def cpu_grad_scaler(**kwargs):
     """A GradScaler that runs on CPU (torch >= 2.3), else ``None``.
 

@@ -15,22 +15,26 @@ import traceback
 import torch
 from mmengine.dist import get_dist_info
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmengine.registry import HOOKS
 
 from . import compat
+from ._mmengine import unwrap_model
 from .errors import CheckBypassedError, NonFiniteError
 from .diagnosis import default_dump_dir, handle_incident
-from .options import (CheckOptions, check_anomaly, check_bool, check_count,
-                      check_path, is_count)
+from .options import (CheckOptions, RewindOptions, check_anomaly, check_bool,
+                      check_count, check_path, is_count)
+from .diagnosis import divergence_evidence
+from .diagnosis._divergence import rising as _rising
 from .records import NonFiniteEvent, Trigger
-from .sentinel import (BufferSnapshot, BypassGuard, History, Listener,
-                       StepContext, StepMemory, answer_text,
-                       install_nan_detect, loss_terms)
+from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, History,
+                       Listener, Rewinder, StepContext, StepMemory,
+                       answer_text, install_nan_detect, loss_terms,
+                       param_norms)
 
 
-def _unwrap(model):
-    return model.module if is_model_wrapper(model) else model
+def detector_window(hook):
+    """How far back (iterations) a spike still tells of a divergence."""
+    return hook.check_options.spike_window
 
 
 def _is_out_of_memory(exc):
@@ -52,7 +56,10 @@ class NanDetectHook(Hook, Listener):
         policy (str): What a trigger does: ``'raise'`` (default) a
             :class:`~mmnanhook.NonFiniteError`; ``'skip'`` the update step
             (parameters and optimizer state unchanged, gradients zeroed);
-            ``'warn'`` log and step as MMEngine would have.
+            ``'warn'`` log and step as MMEngine would have; ``'rewind'``
+            go back to the last good snapshot before the divergence (or skip,
+            when nothing diverged: a single bad batch) and lower the LR for
+            a while.
         max_skips (int): Consecutive skipped update steps after which
             ``'skip'`` raises. Defaults to 10.
         min_loss_scale (float, optional): Under AMP, a loss scale below this
@@ -70,6 +77,31 @@ class NanDetectHook(Hook, Listener):
             history kept for the bundle. Defaults to 200.
         dump_optimizer (bool): Put the optimizer state in bundles. Defaults
             to True.
+        spike_policy (str, optional): What a finite spike of the loss or
+            the gradient norm does: ``None`` (not detected), ``'warn'``
+            (default: logged, counted in ``train/spikes``, marked in the
+            history), ``'skip'``, ``'rewind'`` or ``'raise'``.
+        spike_window (int): Iterations the spike band (median and MAD) is
+            computed over. Defaults to 50.
+        spike_warmup (int): Iterations seen before any is judged. Defaults
+            to 20.
+        spike_factor (float | dict): A spike is at least this many times
+            the band's median (and 6 robust standard deviations above it):
+            one number, or ``dict(loss=..., grad_norm=...)``. Defaults to
+            4 for the loss and 20 for the gradient norm, whose clean
+            batch-to-batch spread is wider.
+        snapshot_interval (int): Under ``'rewind'``, iterations between
+            snapshots of a good state. Defaults to 50.
+        snapshot_device (str): Where snapshots live. Defaults to ``'cpu'``.
+        max_snapshots (int): Snapshots kept. Defaults to 2.
+        lr_factor (float): After a rewind the LR of every param group is
+            multiplied by this (again after each consecutive rewind) for
+            ``cooldown`` update steps; the schedulers keep running.
+            Defaults to 0.1.
+        cooldown (int): Update steps the LR stays lowered. Defaults to 100.
+        max_rewinds (int): Consecutive rewinds without ``cooldown`` clean
+            update steps in between, after which training stops. Defaults
+            to 3.
 
     Raises:
         ValueError: For a bad option, naming it.
@@ -92,10 +124,25 @@ class NanDetectHook(Hook, Listener):
                  max_dumps=5,
                  replay=True,
                  history=200,
-                 dump_optimizer=True):
+                 dump_optimizer=True,
+                 spike_policy='warn',
+                 spike_window=50,
+                 spike_warmup=20,
+                 spike_factor=None,
+                 snapshot_interval=50,
+                 snapshot_device='cpu',
+                 max_snapshots=2,
+                 lr_factor=0.1,
+                 cooldown=100,
+                 max_rewinds=3):
         check_anomaly(anomaly)
         self.check_options = CheckOptions(policy, max_skips, min_loss_scale,
-                                          max_overflow_skips)
+                                          max_overflow_skips, spike_policy,
+                                          spike_window, spike_warmup,
+                                          spike_factor)
+        self.rewind_options = RewindOptions(snapshot_interval,
+                                            snapshot_device, max_snapshots,
+                                            lr_factor, cooldown, max_rewinds)
         check_path('dump_dir', dump_dir)
         check_count('max_dumps', max_dumps, 0)
         check_bool('replay', replay)
@@ -118,6 +165,12 @@ class NanDetectHook(Hook, Listener):
         self._buffers = None
         self._runner = None
         self._logger = None
+        self._rewinder = None
+        # What the check of this iteration's update step measured.
+        self._step = {}
+        self._rewound_at = None
+        # Parameter norms when the current run of spikes began.
+        self._spike_norms = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -126,16 +179,15 @@ class NanDetectHook(Hook, Listener):
         opts = self.check_options
         self._handle = install_nan_detect(
             runner.optim_wrapper, listener=self,
-            message_hub=runner.message_hub, policy=opts.policy,
-            max_skips=opts.max_skips, min_loss_scale=opts.min_loss_scale,
-            max_overflow_skips=opts.max_overflow_skips)
+            message_hub=runner.message_hub,
+            **dict((k, getattr(opts, k)) for k in opts.__slots__))
         self._guard = BypassGuard(self._handle)
         self._verified = False
         self._train_iters = 0
         model = runner.model
         self._patch(model, 'train_step',
                     self._wrap_train_step(runner, model.train_step))
-        module = _unwrap(model)
+        module = unwrap_model(model)
         self._patch(module, 'parse_losses',
                     self._wrap_parse_losses(module.parse_losses))
         self._memory = StepMemory(max(
@@ -143,6 +195,12 @@ class NanDetectHook(Hook, Listener):
             for w in self._handle.wrappers))
         self._runner = runner
         self._logger = runner.logger
+        self._step = {}
+        self._spike_norms = None
+        self._rewinder = None
+        if opts.rewinds:
+            self._rewinder = Rewinder(self.rewind_options)
+            self._rewinder.start(module, self._handle.wrappers)
 
     def after_train(self, runner):
         self._restore()
@@ -168,6 +226,8 @@ class NanDetectHook(Hook, Listener):
         self._parsed = None
         self._memory.clear()
         self._buffers = None
+        # Snapshots are memory of the run that ended.
+        self._rewinder = None
 
     # -- per iteration -----------------------------------------------------
 
@@ -187,15 +247,24 @@ class NanDetectHook(Hook, Listener):
                 reference: ``train_step`` does not mutate it).
         """
         self._memory.keep(runner.iter, data_batch)
-        if (self.check_options.policy == 'skip'
-                and runner.iter % self._memory.window == 0):
-            self._buffers = BufferSnapshot(_unwrap(runner.model))
+        self._step = {}
+        self._rewound_at = None
+        opts = self.check_options
+        skips = 'skip' in (opts.policy, opts.spike_policy) or opts.rewinds
+        if skips and runner.iter % self._memory.window == 0:
+            self._buffers = BufferSnapshot(unwrap_model(runner.model))
 
     def _after_step(self, runner):
         if not self._guard.verify(runner.iter):
             return
         # The update step is done: its batches can no longer be replayed.
         self._memory.clear()
+        if self._rewinder is not None:
+            clean = not self._step.get('spikes') and not self._step.get(
+                'triggered')
+            self._rewinder.after_update(
+                runner.iter, clean, unwrap_model(runner.model),
+                self._handle.wrappers, self._handle.sentinels)
         if self._verified:
             return
         # Said only now that a check has really run for an update step.
@@ -208,17 +277,29 @@ class NanDetectHook(Hook, Listener):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):
-        # Host floats RuntimeInfoHook already synced: no extra sync here.
-        self._history.append(runner.iter, **self._logged_scalars(runner))
+        # Host floats already synced (ours, RuntimeInfoHook's): no sync here.
+        self._history.append(**self._record(runner))
 
-    @staticmethod
-    def _logged_scalars(runner):
+    def _record(self, runner, **values):
+        """This iteration's history record; ``values`` override."""
         scalars = runner.message_hub.log_scalars
-        values = {}
-        for field in ('loss', 'grad_norm', 'lr', 'loss_scale'):
+        record = {}
+        for field in FIELDS:
             buffer = scalars.get('train/' + field)
-            values[field] = None if buffer is None else buffer.current()
-        return values
+            record[field] = None if buffer is None else buffer.current()
+        # The check's values are what every rank saw (MessageHub's loss is
+        # this rank's).
+        for field in ('loss', 'grad_norm', 'loss_scale'):
+            if self._step.get(field) is not None:
+                record[field] = self._step[field]
+        rewinder = self._rewinder
+        if (rewinder is not None and rewinder.cooldown_left
+                and record['lr'] is not None):
+            record['lr'] *= rewinder.factor  # the LR the step really used
+        record.update(values)
+        record.update(iter=runner.iter, spike=self._step.get('spikes'),
+                      rewind=self._rewound_at)
+        return record
 
     def _wrap_train_step(self, runner, train_step):
 
@@ -327,21 +408,104 @@ class NanDetectHook(Hook, Listener):
             return None
         return parsed[1]
 
+    def on_step(self, outcome):
+        self._step.update(loss=outcome.loss, grad_norm=outcome.grad_norm,
+                          loss_scale=outcome.loss_scale)
+
+    def on_spike(self, spikes):
+        for spike in spikes:
+            self._logger.warning('mmnanhook: %r' % (spike, ))
+        self._step['spikes'] = [spike.series for spike in spikes]
+        detector = self._detector()
+        earlier = [s for s in detector.spikes[:-len(spikes)]
+                   if s.iter >= spikes[0].iter - detector_window(self)]
+        if not earlier:
+            # The first spike of a run: the norms it is measured from.
+            self._spike_norms = param_norms(unwrap_model(self._runner.model))
+
+    def _detector(self):
+        return self._handle.sentinels[0].check.spikes
+
     def on_nonfinite(self, event):
         message = event.message
         if event.forward_traceback:
             message += ('\nForward call that caused it (anomaly mode):\n' +
                         event.forward_traceback)
-        policy = self.check_options.policy
-        quiet = event.trigger != 'exception' and policy in ('skip', 'warn')
+        opts = self.check_options
+        spike = event.trigger == Trigger.SPIKE
+        policy = opts.spike_policy if spike else opts.policy
+        exception = event.trigger == Trigger.EXCEPTION
+        quiet = not exception and policy in ('skip', 'warn', 'rewind')
         self._logger.log(logging.WARNING if quiet else logging.ERROR,
                          'mmnanhook: ' + message)
-        if (policy == 'skip' and event.trigger != 'exception'
+        if not spike:
+            self._step['triggered'] = True
+        if (policy in ('skip', 'rewind') and not exception
                 and self._buffers is not None):
             self._buffers.restore()
-        if event.bad_ranks and event.rank not in event.bad_ranks:
-            # The culprit rank(s) replay their own batch and write the bundle.
+        evidence = self._divergence(event)
+        rewind = policy == 'rewind' and not exception and (
+            evidence is not None or self._weights_broken())
+        result = {}
+        if (not spike or rewind or policy == 'raise') and (
+                not event.bad_ranks or event.rank in event.bad_ranks):
+            # The culprit rank(s) replay their own batch and write the
+            # bundle; a spike only when it stops or rewinds training.
+            result = self._incident(event, evidence) or {}
+        if rewind:
+            model = unwrap_model(self._runner.model)
+            since = evidence['began_at'] if evidence else event.iter
+            snapshot, reason = self._rewinder.rewind(
+                since, model, self._handle.wrappers, self._handle.sentinels)
+            if reason:
+                result['escalate'] = reason
+            else:
+                self._rewound_at = snapshot.iter
+                self._runner.message_hub.update_scalar(
+                    'train/rewinds', self._rewinder.rewinds)
+                self._logger.warning(
+                    'mmnanhook: rewound to the state after iter %d; LR x %g '
+                    'for %d update steps' % (
+                        snapshot.iter, self._rewinder.factor,
+                        self.rewind_options.cooldown))
+        return result or None
+
+    def _weights_broken(self):
+        # Failure path: a sync per parameter is fine here.
+        return any(not bool(torch.isfinite(p).all())
+                   for p in unwrap_model(self._runner.model).parameters())
+
+    def _divergence(self, event):
+        """Evidence of a divergence before ``event``, or ``None``."""
+        detector = self._detector()
+        earlier = []
+        if detector is not None:
+            earlier = [s.to_dict() for s in detector.spikes
+                       if event.iter - detector_window(self) <= s.iter
+                       < event.iter]
+        records = self._history.records() + [self._event_record(event)]
+        if not earlier and not _rising(records):
             return None
+        model = unwrap_model(self._runner.model)
+        reference = self._spike_norms
+        if self._rewinder is not None:
+            began = earlier[0]['iter'] if earlier else event.iter
+            snapshot = self._rewinder.store.before(began)
+            reference = snapshot.norms if snapshot is not None else reference
+        return divergence_evidence(
+            records, earlier, reference, param_norms(model),
+            grad_median=detector.median('grad_norm')
+            if detector is not None else None,
+            amp=event.loss_scale is not None)
+
+    def _event_record(self, event):
+        return self._record(self._runner, loss=event.losses.get('loss'),
+                            grad_norm=event.grad_norm,
+                            loss_scale=event.loss_scale)
+
+    def _incident(self, event, evidence):
+        """Diagnose ``event`` and write its bundle; the answer for the error.
+        """
         if not self.replay and not self.max_dumps:
             return None
         data_batch, rng_state = self._memory.get(event.fail_iter)
@@ -350,17 +514,13 @@ class NanDetectHook(Hook, Listener):
                                'no replay and no bundle' % (event.fail_iter, ))
             return None
         runner = self._runner
-        history = self._history.records()
-        history.append(dict(self._logged_scalars(runner), iter=runner.iter,
-                            loss=event.losses.get('loss'),
-                            grad_norm=event.grad_norm,
-                            loss_scale=event.loss_scale))
+        history = self._history.records() + [self._event_record(event)]
         result = handle_incident(
             runner, event, data_batch, rng_state, history,
             dump_dir=self.dump_dir or default_dump_dir(runner),
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
-            anomaly=self.anomaly != 'never')
+            anomaly=self.anomaly != 'never', divergence=evidence)
         # What the diagnosis allocated is free now: give it back.
         compat.trim_heap()
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %

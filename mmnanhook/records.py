@@ -26,6 +26,7 @@ class Trigger(_StrEnum):
     GRAD = 'grad'  #: a gradient, or the gradient norm, was non-finite
     EXCEPTION = 'exception'  #: backward raised (e.g. anomaly mode)
     AMP_SCALE = 'amp_scale'  #: the AMP loss scale collapsed
+    SPIKE = 'spike'  #: a finite loss or gradient norm far above its band
 
 
 TRIGGERS = tuple(t.value for t in Trigger)
@@ -57,13 +58,16 @@ class NonFiniteEvent(object):
             exception object's traceback would keep the autograd graph alive.
         forward_traceback (str, optional): Anomaly mode's traceback of the
             forward op involved, when it was on.
+        spikes (list[dict], optional): The spikes of this step
+            (``Trigger.SPIKE``).
     """
 
     def __init__(self, trigger, message, iter=None, epoch=None, rank=0,
                  world_size=1, bad_ranks=None, losses=None,
                  nonfinite_losses=None, bad_loss_iters=None, grad_norm=None,
                  nonfinite_grads=None, nonfinite_grad_count=0,
-                 loss_scale=None, exception=None, forward_traceback=None):
+                 loss_scale=None, exception=None, forward_traceback=None,
+                 spikes=None):
         if trigger not in TRIGGERS:
             raise ValueError('unknown trigger %r; one of %s' %
                              (trigger, ', '.join(TRIGGERS)))
@@ -83,6 +87,7 @@ class NonFiniteEvent(object):
         self.loss_scale = loss_scale
         self.exception = exception
         self.forward_traceback = forward_traceback
+        self.spikes = list(spikes or [])
 
     @property
     def fail_iter(self):
@@ -104,6 +109,7 @@ class Kind(_StrEnum):
     OVERFLOW = 'overflow'  #: only the AMP dtype's range is exceeded
     EXCEPTION = 'exception'  #: the replay raised
     NOT_REPRODUCED = 'not_reproduced'  #: the replay came out finite
+    DIVERGENCE = 'divergence'  #: spikes or a blow-up came before it
 
 
 KINDS = tuple(k.value for k in Kind)
@@ -245,6 +251,7 @@ _REPORT_FIELDS = (
     ('backward', None),
     ('overflow', None),
     ('exception', None),
+    ('divergence', None),
     ('batch_problems', list),
     ('sample_replays', None),
     ('largest_param', None),
@@ -275,6 +282,8 @@ class Report(object):
         nonfinite_grad_count: What the replay measured.
         forward, backward, overflow, exception (dict, optional): Details of
             each finding.
+        divergence (dict, optional): Where a divergence began (see
+            :func:`mmnanhook.diagnosis.divergence_evidence`).
         largest_param (dict, optional): ``name``, ``max_abs``.
         amp_dtype (str, optional): The autocast dtype replayed.
         elapsed_s (float, optional): Seconds the diagnosis took.

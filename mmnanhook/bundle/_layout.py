@@ -56,7 +56,7 @@ def amp_dtype_name(dtype):
     return None
 
 
-def render_manifest(event, epoch, amp_dtype, declared):
+def render_manifest(event, epoch, amp_dtype, declared, divergence=None):
     """The fields of ``manifest.json`` that describe a trigger.
 
     :func:`~mmnanhook.bundle.write_bundle` adds ``format_version``,
@@ -68,6 +68,8 @@ def render_manifest(event, epoch, amp_dtype, declared):
         amp_dtype (torch.dtype, optional): The run's autocast dtype.
         declared (list, optional): Per sample, the image size its
             annotation declares.
+        divergence (dict, optional): Evidence of a divergence before the
+            trigger; an offline replay applies it again.
 
     Returns:
         dict: Strict-JSON plain data.
@@ -88,7 +90,9 @@ def render_manifest(event, epoch, amp_dtype, declared):
         loss_scale=event.loss_scale,
         amp_dtype=amp_dtype_name(amp_dtype),
         message=event.message,
-        exception=event.exception))
+        exception=event.exception,
+        spikes=event.spikes,
+        divergence=divergence))
 
 
 # Module name -> distribution names, for packages not imported yet.

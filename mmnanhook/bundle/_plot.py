@@ -11,10 +11,20 @@ _TITLES = {
 }
 
 
-def _plot_series(ax, iters, values, title, fail_iter):
+def _plot_series(ax, iters, values, title, fail_iter, spiked=(),
+                 rewinds=()):
     finite = [v if v is not None and math.isfinite(v) else float('nan')
               for v in values]
     ax.plot(iters, finite, color='tab:blue', linewidth=1)
+    marked = [(i, v) for i, v in zip(iters, finite)
+              if i in spiked and not math.isnan(v)]
+    if marked:
+        ax.scatter([i for i, _ in marked], [v for _, v in marked],
+                   marker='^', color='tab:orange', zorder=3,
+                   label='spike ({})'.format(len(marked)))
+    for index, (at, _) in enumerate(rewinds):
+        ax.axvline(at, color='tab:green', linestyle=':', linewidth=1.2,
+                   label='rewind' if index == 0 else None)
     # Non-finite values have no y coordinate: mark them along the top edge
     # (x in data coordinates, y in axes coordinates).
     bad = [(i, v) for i, v in zip(iters, values)
@@ -54,6 +64,7 @@ def plot_history(records, path, fail_iter=None):
 
     Series without any recorded value (e.g. the loss scale without AMP) are
     left out; positive series spanning a decade or more use a log scale.
+    Spikes are marked on their series, rewinds by a dotted line.
 
     Args:
         records (list[dict]): As returned by :meth:`History.records`.
@@ -77,9 +88,13 @@ def plot_history(records, path, fail_iter=None):
         ax.set_axis_off()
     else:
         axes = figure.subplots(len(fields), 1, sharex=True, squeeze=False)
+        rewinds = [(r['iter'], r['rewind']) for r in records
+                   if r.get('rewind') is not None]
         for ax, field in zip(axes[:, 0], fields):
+            spiked = set(r['iter'] for r in records
+                         if field in (r.get('spike') or ()))
             _plot_series(ax, iters, [record.get(field) for record in records],
-                         _TITLES[field], fail_iter)
+                         _TITLES[field], fail_iter, spiked, rewinds)
         axes[-1, 0].set_xlabel('iteration')
     # Fixed margins instead of tight_layout(), which lays out every text twice.
     figure.subplots_adjust(left=0.12, right=0.98, top=0.97, bottom=0.08,

@@ -6,8 +6,9 @@ import torch
 
 from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
                       RNG, load_bundle)
-from ..diagnosis import angle_range_from_config, diagnose
+from ..diagnosis import angle_range_from_config, apply_divergence, diagnose
 from ..errors import BundleError
+from ..report import finalize
 from ..sentinel import restore_rng
 
 
@@ -75,4 +76,7 @@ def replay_bundle(path, device='cpu', fp32=False):
         optimizer_state=bundle.load(OPTIMIZER)
         if bundle.has(OPTIMIZER) else None,
         declared=bundle.manifest.get('declared_sizes'))
+    # What the run knew of a divergence before the trigger, again.
+    if apply_divergence(report, bundle.manifest.get('divergence')):
+        finalize(report)
     return bundle, report

@@ -1,18 +1,26 @@
 """Tier 2, once per trigger: replay the failing iteration and explain it.
 
-* :mod:`._diagnose`: :func:`diagnose`, the replays and what they found.
-* :mod:`._instrument`: forward / backward instrumentation as context
-  managers that always remove what they installed.
-* :mod:`._data`: checks of a batch's inputs and GT boxes.
+* :mod:`._diagnose`: :func:`diagnose`, the order of the replays.
+* :mod:`._session`: one replay of the failing iteration, and what it found.
+* :mod:`._forward`, :mod:`._backward`: instrumentation as context managers
+  that always remove what they installed (module forwards, the line
+  tracer; anomaly mode, autograd-node hooks).
+* :mod:`._classify`: the kind of the failure and its location.
+* :mod:`._data`: checks of a batch's inputs and GT boxes (typed problems).
+* :mod:`._state_scan`: non-finite parameters, buffers, optimizer state.
+* :mod:`._state`, :mod:`._tensors`, :mod:`._frames`: what a replay puts back,
+  finding tensors, reading stack frames.
 * :mod:`._incident`: on a trigger in training, the diagnosis and the bundle.
 """
 from ._data import (angle_range_from_config, batch_size, check_batch,
                     check_boxes, declared_size, declared_sizes, split_batch)
 from ._diagnose import diagnose
+from ._divergence import apply_divergence, divergence_evidence
 from ._incident import default_dump_dir, handle_incident
 
 __all__ = [
-    'angle_range_from_config', 'batch_size', 'check_batch', 'check_boxes',
+    'angle_range_from_config', 'apply_divergence', 'batch_size',
+    'check_batch', 'check_boxes', 'divergence_evidence',
     'declared_size', 'declared_sizes', 'default_dump_dir', 'diagnose',
     'handle_incident', 'split_batch'
 ]

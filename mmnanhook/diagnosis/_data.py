@@ -21,7 +21,8 @@ import numpy as np
 import torch
 
 from ..records import DataProblem, ProblemCategory, SampleFinding
-from ._instrument import iter_tensors
+from .._format import format_value
+from ._tensors import count_nonfinite, iter_tensors
 
 # Smallest box side in pixels that is not degenerate.  Only sides this close
 # to zero make ``log(w)`` or ``1 / w`` overflow in float32 box coders; real
@@ -84,8 +85,9 @@ def _find_key(obj, key):
     return None
 
 
-def _fmt(value):
-    return '{:.6g}'.format(float(value))
+def _num(value):
+    # A coordinate or size (a tensor element or a float) for a problem text.
+    return format_value(float(value))
 
 
 def _metainfo(sample):
@@ -178,7 +180,7 @@ def _side_problem(index, name, value):
     return DataProblem(
         ProblemCategory.DEGENERATE,
         'gt box {} has {} {} ({}={})'.format(index, what, name, symbol,
-                                             _fmt(value)), index)
+                                             _num(value)), index)
 
 
 def check_boxes(boxes, image_hw=None, angle_range=None,
@@ -210,7 +212,7 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
     x1, y1, x2, y2 = _extent(kind, t)
     for i in range(t.shape[0]):
         if not bool(finite[i]):
-            coords = ', '.join(_fmt(v) for v in t[i].tolist())
+            coords = ', '.join(_num(v) for v in t[i].tolist())
             problems.append(DataProblem(
                 ProblemCategory.NONFINITE_BOX,
                 'gt box {} has non-finite coordinates ({})'.format(i, coords),
@@ -226,8 +228,8 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
                     ProblemCategory.OUTSIDE,
                     'gt box {} lies outside the {}x{} image '
                     '(x {}..{}, y {}..{})'.format(
-                        i, int(img_w), int(img_h), _fmt(x1[i]), _fmt(x2[i]),
-                        _fmt(y1[i]), _fmt(y2[i])), i))
+                        i, int(img_w), int(img_h), _num(x1[i]), _num(x2[i]),
+                        _num(y1[i]), _num(y2[i])), i))
         if kind == 'rbox' and angle_range is not None:
             angle = float(t[i, 4])
             low, high = angle_range
@@ -235,7 +237,7 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
                 problems.append(DataProblem(
                     ProblemCategory.ANGLE,
                     'gt box {} has angle {} rad outside the configured range '
-                    '[{}, {}]'.format(i, _fmt(angle), _fmt(low), _fmt(high)),
+                    '[{}, {}]'.format(i, _num(angle), _num(low), _num(high)),
                     i))
     return problems
 
@@ -243,8 +245,8 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
 def _nonfinite_problem(tensor, what):
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         return None
-    nan = int(torch.isnan(tensor).sum())
-    inf = int(torch.isinf(tensor).sum())
+    counts = count_nonfinite(tensor)
+    nan, inf = counts['nan'], counts['inf']
     if not nan and not inf:
         return None
     return DataProblem(ProblemCategory.NONFINITE_INPUT,

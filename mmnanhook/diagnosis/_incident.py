@@ -8,17 +8,18 @@ import time
 
 import torch
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
+from .._mmengine import unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_TEXT,
                       RNG, bundle_name, render_manifest, to_strict_json,
                       write_bundle)
 from ..records import Report
-from ..report import format_report
+from ..report import finalize, format_report
 from ..sentinel import restore_rng
 from ._data import angle_range_from_config, declared_sizes
 from ._diagnose import diagnose
+from ._divergence import apply_divergence
 
 
 def _amp_dtype(optim_wrapper):
@@ -52,7 +53,7 @@ def _declared_sizes(runner, data_batch):
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     dump_dir, max_dumps, replay, dump_optimizer,
-                    anomaly=True):
+                    anomaly=True, divergence=None):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -66,14 +67,15 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         replay (bool): Run the replay diagnosis.
         dump_optimizer (bool): Put the optimizer state in the bundle.
         anomaly (bool): Use anomaly mode in the replay.
+        divergence (dict, optional): Evidence of a divergence before the
+            trigger (:func:`~mmnanhook.diagnosis.divergence_evidence`).
 
     Returns:
         dict: ``bundle`` (path or None), ``summary``, ``report``, and
         ``seconds`` spent.
     """
     start = time.time()
-    model = runner.model.module if is_model_wrapper(
-        runner.model) else runner.model
+    model = unwrap_model(runner.model)
     amp_dtype = _amp_dtype(runner.optim_wrapper)
     optim_state = runner.optim_wrapper.state_dict()
     declared = _declared_sizes(runner, data_batch)
@@ -95,6 +97,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     type(error).__name__, error))
     else:
         report = _unreplayed_report('no replay (replay=False)')
+    if apply_divergence(report, divergence):
+        finalize(report)
     text = format_report(report)
     print_log('mmnanhook diagnosis:\n' + text, logger='current',
               level=logging.ERROR)
@@ -106,7 +110,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             tensors[OPTIMIZER] = optim_state
         if event.iter is None:
             event.iter = runner.iter
-        manifest = render_manifest(event, runner.epoch, amp_dtype, declared)
+        manifest = render_manifest(event, runner.epoch, amp_dtype, declared,
+                                   divergence)
         path = write_bundle(
             dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
             tensors, {CONFIG_FILE: _config_text(runner.cfg),

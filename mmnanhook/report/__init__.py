@@ -1,7 +1,31 @@
-"""The report of a diagnosis: its fields, summary line, hints and text."""
-from ..records import KINDS, Report
-from ._report import (FORMAT_VERSION, finalize, format_report, make_hints,
-                      new_report, summarize)
+"""The report of a diagnosis (a :class:`~mmnanhook.records.Report`): its
+one-line summary, its hints and its text.
+
+* :mod:`._summary`: :func:`summarize`.
+* :mod:`._hints`: :func:`make_hints`.
+* :mod:`._text`: :func:`format_report`.
+"""
+from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
+from ._hints import make_hints
+from ._summary import summarize
+from ._text import format_report
+
+
+def new_report():
+    """A report with every field present and nothing found yet."""
+    return Report()
+
+
+def finalize(report):
+    """Fill ``summary`` and ``hints`` from the findings; return the report.
+
+    Args:
+        report (Report): A report, filled in.
+    """
+    report.summary = summarize(report)
+    report.hints = make_hints(report)
+    return report
+
 
 __all__ = [
     'FORMAT_VERSION', 'KINDS', 'Report', 'finalize', 'format_report',

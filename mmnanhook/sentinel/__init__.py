@@ -7,6 +7,8 @@
   instance, the registered ``NanDetect*OptimWrapper`` classes,
   :func:`install_nan_detect`.
 * :mod:`._guard`: the bypass guard.
+* :mod:`._spikes`: robust spike bands of the loss and the gradient norm.
+* :mod:`._rewind`: snapshots of good states and going back to one.
 * :mod:`._steps`, :mod:`._rng`: the batch, RNG states and buffers kept per
   step for a replay.
 * :mod:`._history`: the per-iteration scalars kept for a bundle.
@@ -16,7 +18,9 @@ from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
 from ._guard import BypassGuard
 from ._history import FIELDS, History
 from ._norms import GradNorms, clip_grads_with_norm_
+from ._rewind import Rewinder, Snapshot, SnapshotStore, param_norms
 from ._rng import capture_rng, restore_rng
+from ._spikes import SeriesBand, Spike, SpikeDetector
 from ._steps import BufferSnapshot, StepMemory
 from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
                        NanDetectHandle, NanDetectOptimWrapper, WrapperSentinel,
@@ -25,9 +29,11 @@ from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
 __all__ = [
     'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'FIELDS', 'GradNorms',
     'History', 'Listener', 'MicroStep', 'NanDetectAmpOptimWrapper',
-    'NanDetectHandle', 'NanDetectOptimWrapper', 'StepCheck', 'StepContext',
+    'NanDetectHandle', 'NanDetectOptimWrapper', 'Rewinder', 'SeriesBand',
+    'Snapshot', 'SnapshotStore', 'Spike', 'SpikeDetector', 'StepCheck',
+    'StepContext',
     'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
     'capture_rng',
     'clip_grads_with_norm_', 'describe_losses', 'install_nan_detect',
-    'loss_terms', 'members', 'restore_rng', 'sentinel_of'
+    'loss_terms', 'members', 'param_norms', 'restore_rng', 'sentinel_of'
 ]

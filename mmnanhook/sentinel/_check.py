@@ -22,6 +22,7 @@ from .._format import MAX_NAMES, format_names, format_value
 from ..errors import NonFiniteError
 from ..records import NonFiniteEvent, Trigger
 from ._norms import GradNorms
+from ._spikes import SpikeDetector
 
 _HEADS = {
     Trigger.LOSS: 'Non-finite loss',
@@ -111,15 +112,22 @@ class StepOutcome(object):
         loss_scale (float | None): AMP loss scale, without AMP ``None``.
         total (torch.Tensor): ``grad_norm`` as a tensor, for clip reuse.
         event (NonFiniteEvent | None): The trigger, ``None`` when clean.
+        loss (float | None): The step's total loss (mean over micro-steps
+            and ranks).
+        spikes (list[Spike]): Spikes of this step (usually none).
     """
 
-    __slots__ = ('grad_norm', 'loss_scale', 'total', 'event')
+    __slots__ = ('grad_norm', 'loss_scale', 'total', 'event', 'loss',
+                 'spikes')
 
-    def __init__(self, grad_norm, loss_scale, total, event=None):
+    def __init__(self, grad_norm, loss_scale, total, event=None, loss=None,
+                 spikes=None):
         self.grad_norm = grad_norm
         self.loss_scale = loss_scale
         self.total = total
         self.event = event
+        self.loss = loss
+        self.spikes = list(spikes or [])
 
 
 class StepCheck(object):
@@ -140,6 +148,9 @@ class StepCheck(object):
 
     def __init__(self, options):
         self.options = options
+        self.spikes = None if options.spike_policy is None else \
+            SpikeDetector(options.spike_window, options.spike_warmup,
+                          options.spike_factor)
         self.micro = []
         self.skipped = 0
         self.consecutive_skips = 0
@@ -191,9 +202,10 @@ class StepCheck(object):
             # norm after unscale_ exactly.
             total = total * scale.double().reciprocal().float().to(
                 total.device)
-        (grad_norm, loss_scale, loss_values, bad_ranks, grads_bad, rank,
-         world_size) = _sync(total, scale, [m.loss for m in micro])
-        outcome = StepOutcome(grad_norm, loss_scale, total)
+        (grad_norm, loss_scale, loss_values, mean_loss, bad_ranks,
+         grads_bad, rank, world_size) = _sync(total, scale,
+                                              [m.loss for m in micro])
+        outcome = StepOutcome(grad_norm, loss_scale, total, loss=mean_loss)
 
         bad_grads = norms.nonfinite() if grads_bad else []
         norm_overflow = (not math.isfinite(grad_norm)) and not bad_grads
@@ -209,9 +221,16 @@ class StepCheck(object):
         if scale is not None:
             trigger = self._amp_trigger(trigger, overflow, loss_scale,
                                         reasons)
-        if trigger is None:
-            return outcome
         context = context or StepContext()
+        if trigger is None:
+            if self.spikes is not None:
+                outcome.spikes = self.spikes.observe(context.iter, mean_loss,
+                                                     grad_norm)
+            if outcome.spikes and self.options.spike_policy != 'warn':
+                outcome.event = _spike_event(outcome.spikes, context, micro,
+                                             grad_norm, loss_scale, rank,
+                                             world_size)
+            return outcome
         bad_micro = [i for i, v in enumerate(loss_values)
                      if not math.isfinite(v)]
         outcome.event = _event(trigger, context, micro, bad_micro, bad_ranks,
@@ -250,31 +269,38 @@ class StepCheck(object):
 
         Returns:
             bool: Whether to apply the step (``'warn'``); ``False`` for a
-            skipped one.
+            skipped one (``'skip'``, and ``'rewind'``, whose going back the
+            listener has done).
 
         Raises:
-            NonFiniteError: Under ``'raise'``, or when ``'skip'`` has already
-                skipped ``max_skips`` consecutive steps.
+            NonFiniteError: Under ``'raise'``; when ``'skip'`` has already
+                skipped ``max_skips`` consecutive steps; when the answer
+                says to escalate (``'escalate'``: why).
         """
         opts = self.options
+        spike = event.trigger == Trigger.SPIKE
+        policy = opts.spike_policy if spike else opts.policy
         answer = answer or {}
         message = event.message
         extra = answer_text(answer)
         if extra:
             message += '\n' + extra
-        escalate = (opts.policy == 'skip'
-                    and self.consecutive_skips >= opts.max_skips)
+        escalate = answer.get('escalate')
+        if (not escalate and policy in ('skip', 'rewind')
+                and self.consecutive_skips >= opts.max_skips):
+            escalate = ("policy %r already skipped %d consecutive update "
+                        'steps (max_skips=%d)' %
+                        (policy, self.consecutive_skips, opts.max_skips))
         if escalate:
-            message += ("\npolicy 'skip' already skipped %d consecutive "
-                        'update steps (max_skips=%d)' %
-                        (self.consecutive_skips, opts.max_skips))
-        if opts.policy == 'raise' or escalate:
+            message += '\n' + escalate
+        if policy == 'raise' or escalate:
             raise NonFiniteError(
                 message, event.trigger.value, iter=event.iter,
                 rank=event.rank, bad_ranks=event.bad_ranks,
                 bundle=answer.get('bundle'), report=answer.get('report'))
-        if opts.policy == 'skip':
-            self.skipped += 1
+        if policy in ('skip', 'rewind'):
+            if not spike:
+                self.skipped += 1
             self.consecutive_skips += 1
             return False
         self.consecutive_skips = 0
@@ -296,7 +322,8 @@ def _sync(total, scale, losses):
 
     Returns:
         tuple: ``grad_norm``, ``loss_scale`` (None without AMP), the loss
-        values, the ranks whose loss was non-finite, whether any rank's
+        values, their mean over the micro-steps and the ranks (the same on
+        every rank), the ranks whose loss was non-finite, whether any rank's
         gradient norm was, this rank and the world size.
     """
     device = total.device
@@ -308,10 +335,13 @@ def _sync(total, scale, losses):
     rank, world_size = get_dist_info()
     if world_size > 1:
         # Slot r: rank r's loss was non-finite; slot world_size + r: its
-        # gradient norm was. Summed over ranks, every rank sees both.
-        flags = torch.zeros(2 * world_size, device=device)
+        # gradient norm was; the last: its mean loss over the ranks. Summed
+        # over ranks, every rank sees them all, and judges spikes alike.
+        flags = torch.zeros(2 * world_size + 1, device=device)
         if losses:
-            flags[rank] = (~torch.isfinite(torch.stack(losses))).any().float()
+            stacked = torch.stack(losses)
+            flags[rank] = (~torch.isfinite(stacked)).any().float()
+            flags[-1] = stacked.mean() / world_size
         flags[world_size + rank] = (~torch.isfinite(total)).float()
         # mmengine's all_reduce moves the flags to the backend's device.
         all_reduce(flags, op='sum')
@@ -323,13 +353,16 @@ def _sync(total, scale, losses):
     if world_size > 1:
         flags = values[len(scalars) + len(losses):]
         bad_ranks = [r for r in range(world_size) if flags[r] > 0]
-        grads_bad = any(v > 0 for v in flags[world_size:])
+        grads_bad = any(v > 0 for v in flags[world_size:2 * world_size])
+        mean_loss = flags[-1] if losses else None
     else:
         bad = any(not math.isfinite(v) for v in loss_values)
         bad_ranks = [rank] if bad else []
         grads_bad = not math.isfinite(grad_norm)
-    return (grad_norm, loss_scale, loss_values, bad_ranks, grads_bad, rank,
-            world_size)
+        mean_loss = (sum(loss_values) / len(loss_values)
+                     if loss_values else None)
+    return (grad_norm, loss_scale, loss_values, mean_loss, bad_ranks,
+            grads_bad, rank, world_size)
 
 
 def _param_names(context, params, indices):
@@ -392,3 +425,20 @@ def _event(trigger, context, micro, bad_micro, bad_ranks, params, norms,
         nonfinite_losses=bad_losses, bad_loss_iters=bad_iters,
         grad_norm=grad_norm, nonfinite_grads=names,
         nonfinite_grad_count=len(bad_grads), loss_scale=loss_scale)
+
+
+def _spike_event(spikes, context, micro, grad_norm, loss_scale, rank,
+                 world_size):
+    """The event of a step whose finite loss or gradient norm spiked."""
+    shown = micro[-1] if micro else None
+    losses = {}
+    if shown is not None:
+        terms = shown.terms if shown.terms is not None else {
+            'loss': shown.loss}
+        losses, _ = describe_losses(terms)
+    message = 'Spike at %s: %s' % (context.where(rank, world_size), '; '.join(
+        repr(spike) for spike in spikes))
+    return NonFiniteEvent(
+        Trigger.SPIKE, message, iter=context.iter, epoch=context.epoch,
+        rank=rank, world_size=world_size, losses=losses, grad_norm=grad_norm,
+        loss_scale=loss_scale, spikes=[s.to_dict() for s in spikes])

@@ -24,23 +24,33 @@ class History(object):
         return self._records.maxlen
 
     def append(self, iter, loss=None, grad_norm=None, lr=None,
-               loss_scale=None):
+               loss_scale=None, spike=None, rewind=None):
         """Record one iteration; any value may be non-finite or ``None``.
 
         Args:
             iter (int): Global iteration (``runner.iter``).
             loss (float, optional): Total loss.
             grad_norm (float, optional): Total gradient norm.
-            lr (float, optional): Learning rate (of the first param group).
+            lr (float, optional): Learning rate (of the first param group)
+                the step used.
             loss_scale (float, optional): AMP loss scale.
+            spike (list[str], optional): The series that spiked.
+            rewind (int, optional): The iteration whose snapshot this one
+                went back to.
         """
-        self._records.append({
+        record = {
             'iter': int(iter),
             'loss': _as_float(loss),
             'grad_norm': _as_float(grad_norm),
             'lr': _as_float(lr),
             'loss_scale': _as_float(loss_scale),
-        })
+        }
+        # Only when they happened: most records stay the plain five.
+        if spike:
+            record['spike'] = list(spike)
+        if rewind is not None:
+            record['rewind'] = int(rewind)
+        self._records.append(record)
 
     def records(self):
         """The kept records, oldest first, as a list of dicts."""

@@ -23,11 +23,11 @@ import weakref
 import torch
 from mmengine.dist import get_dist_info
 from mmengine.logging import MessageHub, MMLogger
-from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import compat
+from .._mmengine import unwrap_model
 from .._anomaly import capture_anomaly_warnings, is_anomaly_nan_error
 from ..errors import NonFiniteError
 from ..options import CheckOptions
@@ -77,13 +77,28 @@ class Listener(object):
         """Called on a trigger, inside the step, before the policy acts.
 
         Args:
-            event (NonFiniteEvent): What was non-finite.
+            event (NonFiniteEvent): What was non-finite (or spiked).
 
         Returns:
             dict | None: ``bundle`` / ``summary`` / ``report`` to add to the
-            error.
+            error; ``escalate``: a reason to raise whatever the policy.
         """
         return None
+
+    def on_spike(self, spikes):
+        """Called for the spikes of an update step, whatever the policy.
+
+        Args:
+            spikes (list[Spike]): This step's spikes.
+        """
+
+    def on_step(self, outcome):
+        """Called after every checked update step, before the policy acts.
+
+        Args:
+            outcome (StepOutcome): What the check measured: the loss and
+                gradient norm as every rank sees them.
+        """
 
 
 class WrapperSentinel(object):
@@ -110,6 +125,8 @@ class WrapperSentinel(object):
         self.drain = compat.BackwardDrain()
         self.listener = listener
         self.message_hub = message_hub
+        # Set by the listener after a rewind: the LR multiplier of the steps.
+        self.lr_factor = None
         self._pending = None
         self._model = None
         # (params, total norm or None) for the _clip_grad of this step.
@@ -215,10 +232,17 @@ class WrapperSentinel(object):
                 # of optim_wrapper.step() to it, as an AMP overflow skip is.
                 wrapper._global_step += 1
             return None
+        # Lowered for this step only: the schedulers never see it.
+        groups = wrapper.optimizer.param_groups if self.lr_factor else ()
+        scheduled = [group['lr'] for group in groups]
+        for group in groups:
+            group['lr'] = group['lr'] * self.lr_factor
         try:
             return prev(*args, **kwargs)
         finally:
             self._clip = None
+            for group, lr in zip(groups, scheduled):
+                group['lr'] = lr
 
     def clip_grad(self, wrapper, prev):
         plan, self._clip = self._clip, None
@@ -250,11 +274,22 @@ class WrapperSentinel(object):
         hub.update_scalar('train/grad_norm', outcome.grad_norm)
         if outcome.loss_scale is not None:
             hub.update_scalar('train/loss_scale', outcome.loss_scale)
+        if self.listener is not None:
+            self.listener.on_step(outcome)
+        if self.check.spikes is not None:
+            if outcome.spikes and self.listener is not None:
+                self.listener.on_spike(outcome.spikes)
+            elif outcome.spikes:
+                for spike in outcome.spikes:
+                    _log('mmnanhook: %r' % spike, logging.WARNING)
+            hub.update_scalar('train/spikes', len(self.check.spikes.spikes))
         apply = True
         if outcome.event is None:
             self.check.passed()
         else:
-            policy = self.options.policy
+            policy = (self.options.spike_policy
+                      if outcome.event.trigger == Trigger.SPIKE else
+                      self.options.policy)
             answer = self._notify(
                 outcome.event,
                 logging.WARNING if policy == 'warn' else logging.ERROR)
@@ -293,8 +328,8 @@ class WrapperSentinel(object):
 
     def _name_params(self, params, indices):
         model = self._model() if self._model is not None else None
-        if model is not None and is_model_wrapper(model):
-            model = model.module
+        if model is not None:
+            model = unwrap_model(model)
         names = {}
         if model is not None:
             names = {id(p): n for n, p in model.named_parameters()}
@@ -409,9 +444,16 @@ class _SelfChecking(object):
     """Makes a registered wrapper class check itself from construction."""
 
     def __init__(self, *args, policy='raise', max_skips=10,
-                 min_loss_scale=1.0, max_overflow_skips=20, **kwargs):
+                 min_loss_scale=1.0, max_overflow_skips=20,
+                 spike_policy='warn', spike_window=50, spike_warmup=20,
+                 spike_factor=None, **kwargs):
         options = CheckOptions(policy, max_skips, min_loss_scale,
-                               max_overflow_skips)
+                               max_overflow_skips, spike_policy, spike_window,
+                               spike_warmup, spike_factor)
+        if options.rewinds:
+            raise ValueError(
+                "policy/spike_policy 'rewind' needs NanDetectHook, which "
+                'keeps the snapshots to go back to; configure the hook')
         super().__init__(*args, **kwargs)
         bind(self)
         vars(self)[ATTRIBUTE] = WrapperSentinel(options)
@@ -430,6 +472,10 @@ class NanDetectOptimWrapper(_SelfChecking, OptimWrapper):
             is considered broken. Defaults to 1.
         max_overflow_skips (int, optional): Consecutive AMP overflow skips
             tolerated. Defaults to 20.
+        spike_policy (str, optional): ``None``, ``'warn'`` (default),
+            ``'skip'`` or ``'raise'`` (see ``NanDetectHook``).
+        spike_window, spike_warmup, spike_factor: The spike band (see
+            ``NanDetectHook``).
         **kwargs: ``OptimWrapper`` arguments.
 
     Example:

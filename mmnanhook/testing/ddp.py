@@ -10,6 +10,9 @@ Scenarios:
   finite gradients in iteration :data:`BAD_ITER`; after the gradient
   all-reduce nothing on the other rank looks wrong, so only the exchanged
   loss flags can stop both ranks, in the same iteration, without a hang.
+* ``rewind``: rank 0 alone sees a spiked loss in iterations
+  :data:`SPIKE_ITERS`; both ranks judge the mean loss of the ranks, skip
+  the first spike and rewind at the second, to the same snapshot.
 """
 import importlib.util
 import json
@@ -44,7 +47,39 @@ def _nan_loss(out_dir):
     return result
 
 
-SCENARIOS = {'nan_loss': _nan_loss}
+# Samples on rank 0 in iterations 10 and 11 (see above): two spikes in a row.
+SPIKE_SAMPLES = (40, 44)
+SPIKE_ITERS = (10, 11)
+
+
+def _rewind(out_dir):
+    import torch
+
+    from mmnanhook.testing.toy import make_runner
+    runner = make_runner(
+        out_dir, faults={s: 'spike' for s in SPIKE_SAMPLES}, max_iters=14,
+        n=64, hook=dict(type='NanDetectHook', policy='rewind',
+                        spike_policy='rewind', spike_window=10,
+                        spike_warmup=5, snapshot_interval=4, cooldown=2,
+                        dump_dir=osp.join(out_dir, 'dumps')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9)),
+        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
+                                        device_ids=None)))
+    runner.train()
+    hub = runner.message_hub.log_scalars
+    hook = [h for h in runner.hooks if type(h).__name__ == 'NanDetectHook'][0]
+    rewound = [(r['iter'], r['rewind']) for r in hook._history.records()
+               if 'rewind' in r]
+    weights = torch.cat([p.detach().reshape(-1)
+                         for p in runner.model.parameters()])
+    return dict(rewinds=int(hub['train/rewinds'].current())
+                if 'train/rewinds' in hub else 0,
+                spikes=int(hub['train/spikes'].current()), rewound=rewound,
+                weights=weights.tolist(), iter=runner.iter)
+
+
+SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind}
 
 
 def _free_port():

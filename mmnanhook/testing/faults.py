@@ -89,7 +89,7 @@ class _Amplify(nn.Module):
         return x * AMPLIFY  # MARK amplify
 
 
-class _NanGradient(torch.autograd.Function):
+class NanGradient(torch.autograd.Function):
     """Identity whose gradient is NaN: a fault born in backward only."""
 
     @staticmethod
@@ -110,7 +110,7 @@ class _SwitchedNanGradient(nn.Module):
         self.armed = False
 
     def forward(self, x):
-        return _NanGradient.apply(x) if self.armed else x
+        return NanGradient.apply(x) if self.armed else x
 
 
 TAILS = {

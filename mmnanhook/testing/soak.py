@@ -16,9 +16,9 @@ import random
 
 import torch
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
+from .._mmengine import unwrap_model
 from . import faults, testbed
 
 BATCH = 2
@@ -68,9 +68,7 @@ class _Soak(Hook):
         self.finite = True
 
     def _tail(self, runner):
-        model = runner.model.module if is_model_wrapper(runner.model) \
-            else runner.model
-        return model.neck.tail
+        return unwrap_model(runner.model).neck.tail
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self._tail(runner).armed = self.planned.get(runner.iter) == 'backward'

@@ -20,23 +20,12 @@ from torch.utils.data import Dataset
 
 from ..errors import NonFiniteError
 from ..sentinel import sentinel_of
+from .faults import NanGradient
 
 BATCH = 2
 
 # The wrapper methods the install binds onto the instance.
 BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
-
-
-class _NanGrad(torch.autograd.Function):
-    """Identity whose gradient is NaN: a NaN born in backward only."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * float('nan')
 
 
 class ToyDataset(Dataset):
@@ -67,7 +56,8 @@ class ToyModel(BaseModel):
     ``huge_grad`` (finite gradients whose float32 norm overflows),
     ``inplace`` (an in-place write that breaks backward), ``overflow`` /
     ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
-    into NaN: once at scale 2**16, or down to scale 2).
+    into NaN: once at scale 2**16, or down to scale 2), ``spike`` (a finite
+    loss a thousand times the usual).
     """
 
     def __init__(self):
@@ -89,7 +79,7 @@ class ToyModel(BaseModel):
             h = out
         bias = self.head.bias
         if 'nan_grad' in faults:
-            bias = _NanGrad.apply(bias)
+            bias = NanGradient.apply(bias)
         y = nn.functional.linear(h, self.head.weight, bias)
         if mode != 'loss':
             return y
@@ -102,6 +92,9 @@ class ToyModel(BaseModel):
         loss_main = y.pow(2).mean()
         if 'huge_grad' in faults:
             loss_main = loss_main * 1e30
+        if 'spike' in faults:
+            # Finite, but far above any band of this model's losses.
+            loss_main = loss_main * 1e3 + 1e3
         # Zero in value; 2**16 * 1e34 overflows float32 in backward and
         # inf * 0 turns into NaN in the MulBackward of amp_w * 0.
         big = 0.0

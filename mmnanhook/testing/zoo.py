@@ -29,8 +29,8 @@ import os.path as osp
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 
+from .._mmengine import unwrap_model
 from . import synthetic, testbed
 
 SMALL_SIDE = 320
@@ -312,7 +312,7 @@ class ZooProbe(Hook):
         self.loss.append(None if loss is None else float(loss.detach()))
         self.finite.append(all(
             bool(torch.isfinite(p).all())
-            for p in _unwrap(runner.model).parameters()))
+            for p in unwrap_model(runner.model).parameters()))
 
     @property
     def first_bad_iter(self):
@@ -324,17 +324,13 @@ class ZooProbe(Hook):
         return len(self.loss) if self.started > len(self.loss) else None
 
 
-def _unwrap(model):
-    return model.module if is_model_wrapper(model) else model
-
-
 def weights(runner):
     """Copies of the model's parameters, by name."""
     return {k: v.detach().clone()
-            for k, v in _unwrap(runner.model).named_parameters()}
+            for k, v in unwrap_model(runner.model).named_parameters()}
 
 
 def model_state(runner):
     """Copies of the model's parameters and buffers (its state dict)."""
     return {k: v.detach().clone()
-            for k, v in _unwrap(runner.model).state_dict().items()}
+            for k, v in unwrap_model(runner.model).state_dict().items()}

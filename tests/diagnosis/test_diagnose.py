@@ -19,7 +19,8 @@ from mmengine.structures import BaseDataElement, InstanceData
 from mmnanhook import compat
 from mmnanhook.bundle import to_strict_json
 from mmnanhook.diagnosis import diagnose
-from mmnanhook.diagnosis._instrument import BackwardWatch, ForwardWatch, LineLocator
+from mmnanhook.diagnosis._backward import BackwardWatch
+from mmnanhook.diagnosis._forward import ForwardWatch, LineLocator
 from mmnanhook.report import KINDS, format_report
 from mmnanhook.testing.faults import is_op
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 import torch
-from mmengine.model import is_model_wrapper
 
 from mmnanhook import NonFiniteError
+from mmnanhook._mmengine import unwrap_model
 from mmnanhook.diagnosis import diagnose
 from mmnanhook.sentinel import capture_rng, restore_rng, sentinel_of
 from mmnanhook.testing import exit_check, lifetime
@@ -50,8 +50,7 @@ def test_nothing_of_the_diagnosis_is_left(tmp_path, fault, policy):
     except NonFiniteError as exc:
         error = exc
     assert (error is not None) == (policy == 'raise')
-    model = runner.model.module if is_model_wrapper(runner.model) \
-        else runner.model
+    model = unwrap_model(runner.model)
     assert lifetime.module_hooks(model) == []
     ow = runner.optim_wrapper
     assert sentinel_of(ow) is None and lifetime.bindings_left(ow) == []

@@ -3,7 +3,7 @@
 gradients are finite, and both ranks stop in the same iteration."""
 import pytest
 
-from mmnanhook.testing.ddp import BAD_ITER, BAD_RANK, run_ranks
+from mmnanhook.testing.ddp import BAD_ITER, BAD_RANK, SPIKE_ITERS, run_ranks
 
 
 @pytest.mark.ddp
@@ -18,3 +18,16 @@ def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
         assert 'on rank %d' % BAD_RANK in result['message']
         assert 'rank %d of 2' % rank in result['message']
     assert 'loss_aux=inf' in results[BAD_RANK]['message']
+
+
+@pytest.mark.ddp
+def test_every_rank_rewinds_to_the_same_snapshot(tmp_path):
+    results, log = run_ranks('rewind', tmp_path)
+    for result in results:
+        assert result['iter'] == 14, log[-5000:]
+        assert result['rewinds'] == 1
+        # Rewound in the second spike's iteration, to before the first.
+        (rewound, ) = result['rewound']
+        assert rewound[0] == SPIKE_ITERS[1] and rewound[1] < SPIKE_ITERS[0]
+    assert results[0]['rewound'] == results[1]['rewound']
+    assert results[0]['weights'] == results[1]['weights']

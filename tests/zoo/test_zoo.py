@@ -115,6 +115,7 @@ def test_clean_run_is_the_run_without_the_hook(tmp_path, name):
     assert probe.hooks.count('NanDetectHook') == 1
     norms = runner.message_hub.get_scalar('train/grad_norm').data[0]
     assert len(norms) == len(ref_probe.lr) >= 2
+    assert runner.message_hub.get_scalar('train/spikes').current() == 0
     assert probe.lr == ref_probe.lr and probe.momentum == ref_probe.momentum
     assert probe.loss == ref_probe.loss
     _assert_equal(zoo.model_state(runner), zoo.model_state(ref), 'state')
@@ -236,3 +237,29 @@ def test_snippet_merges_with_a_config_that_has_custom_imports(tmp_path):
     assert cfg.custom_imports == base.custom_imports
     assert cfg.default_hooks == base.default_hooks
     assert cfg.get('custom_hooks') == base.get('custom_hooks')
+
+
+@pytest.mark.mmdet
+def test_lr_blowup_of_the_zoo_retinanet_is_a_divergence(tmp_path):
+    # The story: mmdet's RetinaNet R50 with lr=20 and no warmup.
+    name = 'retinanet_r50'
+    data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'), num_images=8)
+    extra = 'optim_wrapper = dict(optimizer=dict(lr=20.0))\n' \
+        'param_scheduler = []'
+    _, ref_probe, _ = _run(name, data, tmp_path / 'ref', extra=extra)
+    bad = ref_probe.first_bad_iter
+    assert bad is not None and bad >= 2
+    # Without the hook: where the rise that ends in the failure begins.
+    losses = ref_probe.loss[:bad]
+    start = len(losses) - 1
+    while start > 0 and losses[start - 1] < losses[start]:
+        start -= 1
+    _, probe, error = _run(name, data, tmp_path / 'hook', hook='line',
+                           extra=extra)
+    assert isinstance(error, NonFiniteError) and error.iter == bad
+    report = error.report
+    assert report['kind'] == 'divergence'
+    assert report['divergence']['began_at'] == start
+    assert report['divergence']['lr'] == pytest.approx(20.0)
+    assert any('clip_grad' in hint or 'learning rate' in hint
+               for hint in report['hints'])

@@ -1,0 +1,7 @@
+"""MMEngine idioms the adapters share."""
+from mmengine.model import is_model_wrapper
+
+
+def unwrap_model(model):
+    """The model inside a DDP / FSDP wrapper, or ``model`` itself."""
+    return model.module if is_model_wrapper(model) else model

@@ -1,0 +1,79 @@
+"""What a failure is (its :class:`~mmnanhook.records.Kind`) and where:
+module, op, ``file:line`` and source line, from what the replays found."""
+from ._frames import format_user_frames, user_location
+from ._session import display_name, replay_frames
+
+def _explain_exception(report, replay, watch):
+    """Fill ``module``/``op``/``location``/``traceback`` for a replay error."""
+    error = replay.error
+    report.exception = {k: error[k] for k in ('phase', 'type', 'message')}
+    text = error['traceback']
+    record = replay.anomaly
+    if error['phase'] == 'backward':
+        # Anomaly mode names the node whose backward failed and the forward
+        # line that created it (nothing when the error came from outside
+        # the graph, e.g. a loss that does not require grad).
+        if record is not None and record.messages:
+            frames = replay_frames(record.frames)
+            report.op = record.node
+            report.location, report.code = user_location(frames)
+            if frames:
+                text += '\nForward traceback of {} (anomaly mode):\n{}'.format(
+                    report.op, format_user_frames(frames))
+                report.module = display_name(
+                    watch.find_owner(report.op, report.location))
+            else:
+                report.notes.append(
+                    '{} was not created by the replayed forward (anomaly '
+                    'mode has no traceback for it): a tensor kept from an '
+                    'earlier iteration is part of the graph'.format(
+                        report.op))
+    else:
+        report.module = display_name(watch.failed)
+        report.location, report.code = user_location(error['frames'])
+    report.traceback = text
+
+
+def _locate(report, detail):
+    for key in ('module', 'op', 'location', 'code'):
+        setattr(report, key, detail[key])
+    if detail.get('stack'):
+        report.traceback = detail['stack']
+
+
+def classify(report, main):
+    if report.params:
+        return 'params'
+    if report.optimizer_state:
+        return 'optimizer_state'
+    if main.error is not None:
+        return 'exception'
+    if not main.nonfinite:
+        return 'not_reproduced'
+    if report.overflow is not None:
+        return 'overflow'
+    if any(p.category for s in report.samples for p in s.problems):
+        return 'data'
+    if report.forward is not None or report.nonfinite_losses:
+        return 'forward'
+    return 'backward'
+
+
+def fill_location(report, main, watch):
+    kind = report.kind
+    if kind == 'exception':
+        _explain_exception(report, main, watch)
+    elif kind != 'not_reproduced':
+        detail = report.forward
+        if detail is None and not report.nonfinite_losses:
+            # A finite forward: the first bad gradient is the place.  With
+            # a non-finite loss but no producer, the values came in with
+            # the batch, and backward only shows where they spread.
+            detail = report.backward
+        if detail is not None:
+            _locate(report, detail)
+        if kind == 'overflow' and report.overflow['module'] is not None:
+            report.module = report.overflow['module']
+    for key in ('forward', 'backward'):
+        if getattr(report, key) is not None:
+            getattr(report, key).pop('stack', None)

@@ -1,0 +1,123 @@
+"""Where a divergence began: the spikes or the blow-up before a trigger.
+
+A learning rate too high or a warmup too short show as spikes of the loss or
+the gradient norm, or as a steady blow-up, some iterations before the first
+NaN; the replay of the failing iteration alone would only name the module
+where the overflow finally happened. :func:`divergence_evidence` reads the
+history for that story; :func:`apply_divergence` makes it the report's kind
+(``'divergence'``), except for a data fault, whose cause is concrete.
+"""
+import math
+
+# A run of at least this many rising finite values, ending this many times
+# above where it started, is a blow-up even without a spike (an LR far too
+# high diverges within a few iterations, before any spike band exists).
+_RISING = 3
+_BLOWUP_FACTOR = 10.0
+# How many grown parameters the report names.
+_GROWN = 5
+
+
+def _finite(value):
+    return value is not None and isinstance(value, (int, float)) and \
+        math.isfinite(value)
+
+
+def _blowup(records, series):
+    """The start of the rise of ``series`` that ends the history (the
+    trigger's own record excluded), or ``None`` when it is no blow-up."""
+    values = [(r['iter'], r.get(series)) for r in records[:-1]]
+    values = [(i, v) for i, v in values if _finite(v) and v > 0]
+    start = len(values) - 1
+    while start > 0 and values[start - 1][1] < values[start][1]:
+        start -= 1
+    run = values[start:]
+    if len(run) < _RISING or run[-1][1] < _BLOWUP_FACTOR * run[0][1]:
+        return None
+    return dict(series=series, iter=run[0][0], value=run[-1][1],
+                median=run[0][1], factor=run[-1][1] / run[0][1])
+
+
+def rising(records):
+    """Whether the loss or the gradient norm blew up before the trigger (the
+    last record)."""
+    return any(_blowup(records, s) is not None for s in ('loss', 'grad_norm'))
+
+
+def _lr_at(records, iter):
+    for record in records:
+        if record['iter'] == iter:
+            return record.get('lr')
+    return None
+
+
+def _grown(reference, current):
+    grown = []
+    for name, now in current.items():
+        before = reference.get(name)
+        if not _finite(before) or before <= 0:
+            continue
+        ratio = now / before if _finite(now) else math.inf
+        grown.append(dict(name=name, before=before, after=now, ratio=ratio))
+    grown.sort(key=lambda g: -g['ratio'])
+    return grown[:_GROWN]
+
+
+def divergence_evidence(records, spikes, reference_norms=None,
+                        current_norms=None, grad_median=None, amp=False):
+    """What the history before a trigger says about a divergence.
+
+    Args:
+        records (list[dict]): History records, oldest first, the trigger's
+            iteration last.
+        spikes (list[dict]): Spikes (:meth:`Spike.to_dict`) seen before.
+        reference_norms (dict, optional): Parameter norms at the last good
+            snapshot (or at the first spike).
+        current_norms (dict, optional): Parameter norms now.
+        grad_median (float, optional): The median gradient norm of the
+            clean band, for a ``clip_grad`` value.
+        amp (bool): Whether the run used AMP.
+
+    Returns:
+        dict | None: ``began_at``, ``series``, ``factor``, ``value``,
+        ``median``, ``lr``, ``spikes`` (their count), ``grown`` (the
+        parameters whose norms grew most), ``clip_max_norm``, ``amp``; or
+        ``None`` when nothing diverged before the trigger.
+    """
+    start = None
+    if spikes:
+        first = spikes[0]
+        start = dict(series=first['series'], iter=first['iter'],
+                     value=first['value'], median=first['median'],
+                     factor=first['factor'])
+    else:
+        for series in ('loss', 'grad_norm'):
+            found = _blowup(records, series)
+            if found is not None and (start is None
+                                      or found['iter'] < start['iter']):
+                start = found
+    if start is None:
+        return None
+    evidence = dict(
+        began_at=start['iter'], series=start['series'],
+        factor=start['factor'], value=start['value'], median=start['median'],
+        lr=_lr_at(records, start['iter']), spikes=len(spikes or []),
+        grown=_grown(reference_norms or {}, current_norms or {}),
+        clip_max_norm=(2.0 * grad_median if _finite(grad_median)
+                       and grad_median > 0 else None),
+        amp=bool(amp))
+    return evidence
+
+
+def apply_divergence(report, evidence):
+    """Make ``evidence`` the report's finding unless the data is at fault.
+
+    Returns:
+        bool: Whether the report is now of kind ``'divergence'``.
+    """
+    if not evidence or report.kind == 'data':
+        return False
+    report.divergence = dict(evidence, symptom_kind=(
+        report.kind.value if report.kind is not None else None))
+    report.kind = 'divergence'
+    return True

@@ -1,0 +1,178 @@
+"""A replay session: the failing iteration re-run, each time from the same
+start state, as ``BaseModel.train_step`` runs it (without the step)."""
+import contextlib
+import copy
+import os
+import traceback
+
+import torch
+
+from .. import compat
+from .._anomaly import is_anomaly_nan_error
+from ..records import ReplayResult
+from ..sentinel import GradNorms, describe_losses, loss_terms
+from ._backward import BackwardWatch, anomaly_mode
+from ._frames import (format_user_frames, node_traceback, parse_frames,
+                      user_location)
+
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+
+def device_type(model):
+    for param in model.parameters():
+        return param.device.type
+    return 'cpu'
+
+
+def _error_info(phase, error):
+    trace = error.__traceback__
+    return {
+        'phase': phase,
+        'type': type(error).__name__,
+        'message': str(error),
+        'traceback': ''.join(
+            traceback.format_exception(type(error), error, trace)),
+        'frames': [(f.filename, f.lineno, f.name, (f.line or '').strip())
+                   for f in traceback.extract_tb(trace)],
+    }
+
+
+class ReplaySession(object):
+    """Replays of one batch on one model, each from the same start state."""
+
+    def __init__(self, model, data_batch, restore_rng, state, amp_dtype):
+        # Built before any replay graph, to free what a raising backward of
+        # one leaves queued.
+        self.drain = compat.BackwardDrain()
+        self.model = model
+        self.data_batch = data_batch
+        self.restore_rng = restore_rng
+        self.state = state
+        self.amp_dtype = amp_dtype
+        self.device_type = device_type(model)
+
+    def _autocast(self, enabled):
+        if not enabled or self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return compat.autocast(self.device_type, self.amp_dtype)
+
+    def run(self, batch=None, amp=True, forward_ctx=None,
+            watch_backward=False, anomaly=False, backward=True):
+        """Replay the iteration once, as ``BaseModel.train_step`` runs it.
+
+        Args:
+            batch: The (sub-)batch; the whole batch by default.
+            amp (bool): Autocast the forward to the AMP dtype, if any.
+            forward_ctx: Context manager active during the forward
+                (:class:`ForwardWatch`, :class:`LineLocator`).
+            watch_backward (bool): Hook every autograd node.
+            anomaly (bool): Anomaly mode on for forward and backward.
+            backward (bool): Run backward at all.
+        """
+        self.state.reset()
+        if self.restore_rng is not None:
+            self.restore_rng()
+        # The model may change its inputs in place; every replay needs the
+        # batch as the dataloader produced it.
+        batch = copy.deepcopy(self.data_batch if batch is None else batch)
+        result = ReplayResult()
+        record = None
+        with contextlib.ExitStack() as stack:
+            if anomaly:
+                record = stack.enter_context(anomaly_mode())
+            try:
+                forward_ctx = forward_ctx or contextlib.nullcontext()
+                with forward_ctx, self._autocast(amp):
+                    data = self.model.data_preprocessor(batch, True)
+                    losses = self.model._run_forward(data, mode='loss')
+                loss, log_vars = self.model.parse_losses(losses)
+            except Exception as error:  # noqa: BLE001 - a finding
+                result.error = _error_info('forward', error)
+            else:
+                result.losses, result.nonfinite_losses = describe_losses(
+                    loss_terms(log_vars))
+                if backward:
+                    owner = getattr(forward_ctx, 'owner', None)
+                    self._backward(loss, result, watch_backward, owner)
+        result.anomaly = record
+        return result
+
+    def _backward(self, loss, result, watch_backward, owner):
+        if not (isinstance(loss, torch.Tensor) and loss.requires_grad):
+            return
+        if watch_backward:
+            watch = BackwardWatch([loss])
+        else:
+            watch = contextlib.nullcontext()
+        try:
+            with watch:
+                loss.backward()
+        except Exception as error:  # noqa: BLE001 - a finding
+            self.drain()
+            if is_anomaly_nan_error(error):
+                result.nan_check_stopped = True
+            else:
+                result.error = _error_info('backward', error)
+        if watch_backward and watch.producer is not None:
+            result.backward = backward_detail(watch.producer, owner)
+        named = [(n, p.grad) for n, p in self.model.named_parameters()
+                 if p.grad is not None]
+        if named:
+            norms = GradNorms([g for _, g in named])
+            result.grad_norm = float(norms.total)
+            bad = norms.nonfinite()
+            result.nonfinite_grad_count = len(bad)
+            result.nonfinite_grads = [named[i][0] for i in bad]
+
+
+def replay_frames(frames):
+    """The frames of a stack below :meth:`_Session.run`.
+
+    Frames above it are the caller of :func:`diagnose` (the hook, a test),
+    which must not be taken for the place of a fault.
+    """
+    for index in range(len(frames) - 1, -1, -1):
+        path, _, function, _ = frames[index]
+        if function == 'run' and os.path.normcase(path) == _THIS_FILE:
+            return frames[index + 1:]
+    return frames
+
+
+def display_name(name):
+    """Report name of a module: ``None`` for the model itself."""
+    return name or None
+
+
+def backward_detail(producer, owner):
+    node = producer['node']
+    frames = replay_frames(parse_frames(node_traceback(node) or ''))
+    location, code = user_location(frames)
+    return {
+        'op': producer['op'],
+        'module': display_name(owner(node)) if owner is not None else None,
+        'location': location,
+        'code': code,
+        'nan': producer['nan'],
+        'inf': producer['inf'],
+        'stack': format_user_frames(frames),
+    }
+
+
+def forward_detail(producer, found):
+    """The forward producer, refined by the line tracer's finding."""
+    frames = replay_frames(producer['frames'])
+    location, code = user_location(frames)
+    op = producer['op']
+    if found is not None:
+        location, code, op = found['location'], found['code'], found['op']
+    return {
+        'module': display_name(producer['module']),
+        'call': producer['call'],
+        'op': op,
+        'location': location,
+        'code': code,
+        'nan': producer['nan'],
+        'inf': producer['inf'],
+        'stack': format_user_frames(frames),
+    }

@@ -1,0 +1,88 @@
+"""Finding tensors in model outputs and telling which hold NaN or Inf."""
+from collections.abc import Mapping
+
+import torch
+
+# Nesting that real model outputs reach (data sample -> instances -> boxes
+# -> tensor is 4); the limit only guards against self-referencing objects.
+_MAX_DEPTH = 8
+
+
+def iter_tensors(obj, _depth=0):
+    """Yield the tensors inside ``obj``.
+
+    Looks into mappings, lists, tuples, mmengine data elements (their data
+    fields) and box structures (their ``tensor``).
+
+    Args:
+        obj: Anything a module takes or returns.
+    """
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        return
+    if _depth >= _MAX_DEPTH:
+        return
+    # Attributes are looked up on the class or in __dict__ only: objects
+    # found among a frame's locals may have a __getattr__ that raises.
+    attrs = getattr(obj, '__dict__', None)
+    if isinstance(obj, Mapping):
+        children = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        children = obj
+    elif callable(getattr(type(obj), 'all_values', None)):
+        children = obj.values()  # an mmengine data element's data fields
+    elif (isinstance(attrs, dict)
+          and isinstance(attrs.get('tensor'), torch.Tensor)):
+        children = (attrs['tensor'], )  # an mmdet/mmrotate box structure
+    else:
+        return
+    for child in children:
+        for tensor in iter_tensors(child, _depth + 1):
+            yield tensor
+
+
+def _is_float(tensor):
+    return (tensor.is_floating_point() and not tensor.is_sparse
+            and tensor.numel() > 0)
+
+
+def first_nonfinite(tensors):
+    """The first floating-point tensor holding NaN or Inf, else ``None``.
+
+    Args:
+        tensors (Iterable[Tensor | None]): Tensors to check.
+    """
+    for tensor in tensors:
+        if (tensor is not None and _is_float(tensor)
+                and not bool(torch.isfinite(tensor.detach()).all())):
+            return tensor
+    return None
+
+
+def max_abs(tensors):
+    """Largest absolute value over floating-point ``tensors`` (0.0 if none).
+
+    Args:
+        tensors (Iterable[Tensor]): Tensors to check.
+    """
+    best = 0.0
+    for tensor in tensors:
+        if _is_float(tensor):
+            best = max(best, float(tensor.detach().abs().max()))
+    return best
+
+
+def count_nonfinite(tensor):
+    """``{'nan': n, 'inf': m}`` counts of a tensor.
+
+    Args:
+        tensor (Tensor): A floating-point tensor.
+    """
+    tensor = tensor.detach()
+    return {'nan': int(torch.isnan(tensor).sum()),
+            'inf': int(torch.isinf(tensor).sum())}
+
+
+def _grad_fn_name(tensor):
+    fn = getattr(tensor, 'grad_fn', None)
+    return fn.name() if fn is not None else None

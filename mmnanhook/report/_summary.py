@@ -1,0 +1,171 @@
+"""The one-line summary of a report."""
+import math
+
+from .._format import format_names, format_value
+from ..records import ProblemCategory
+
+# How many names a summary or the text lists before "and N more".
+_SHOWN = 5
+
+
+def _names(names, total=None):
+    names = list(names)
+    total = len(names) if total is None else total
+    return format_names(names[:_SHOWN], total)
+
+
+def _losses_text(report):
+    bad = report.nonfinite_losses
+    if not bad:
+        return None
+    return ', '.join('{}={}'.format(k, format_value(report.losses.get(k)))
+                     for k in bad)
+
+
+def _where(report, with_op=True):
+    """``in module 'm' at file:line (OP)``, as far as known."""
+    parts = []
+    if report.module is not None:
+        parts.append("in module '{}'".format(report.module))
+    if report.location:
+        parts.append('at ' + report.location)
+    if not parts:
+        parts.append('in the model, outside any submodule')
+    if with_op and report.op:
+        parts.append('({})'.format(report.op))
+    return ' '.join(parts)
+
+
+def _first_line(message, limit=200):
+    line = (message or '').strip().split('\n')[0]
+    return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+def _nonfinite_kind(detail):
+    if not detail:
+        return 'NaN/Inf'
+    if detail.get('nan') and detail.get('inf'):
+        return 'NaN and Inf'
+    return 'NaN' if detail.get('nan') else 'Inf'
+
+
+def _symptom(report):
+    losses = _losses_text(report)
+    if losses:
+        return losses
+    norm = report.grad_norm
+    if report.nonfinite_grad_count:
+        return 'non-finite gradients in {}'.format(
+            _names(report.nonfinite_grads, report.nonfinite_grad_count))
+    if norm is not None and not math.isfinite(norm):
+        return 'gradient norm {} from finite gradients'.format(
+            format_value(norm))
+    return 'non-finite gradients'
+
+
+def _first_problem_text(samples):
+    for sample in samples:
+        problems = sample.problems
+        if problems:
+            path = sample.img_path or 'no img_path'
+            text = problems[0].text
+            if (problems[0].category == ProblemCategory.SIZE_MISMATCH
+                    and len(problems) > 1):
+                # The root cause, then what it did to the boxes.
+                text += '; so ' + problems[1].text
+            return 'sample {} ({}): {}'.format(sample.index, path, text)
+    return None
+
+
+def summarize(report):
+    """The one-line summary of a report's findings.
+
+    Args:
+        report (Report): A report, filled in.
+    """
+    kind = report.kind
+    if kind == 'divergence':
+        return _divergence_summary(report)
+    if kind == 'not_reproduced':
+        text = 'the replay of the failing iteration is finite: not reproduced'
+        if report.amp_dtype:
+            text += ' (replayed under autocast({}))'.format(
+                report.amp_dtype)
+        return text
+    if kind == 'params':
+        return ('{} parameter(s)/buffer(s) were already non-finite before '
+                'the step: {}'.format(
+                    len(report.params), _names(report.params)))
+    if kind == 'optimizer_state':
+        return ('the optimizer state was already non-finite before the '
+                'step: {}'.format(_names(report.optimizer_state)))
+    if kind == 'exception':
+        exc = report.exception or {}
+        if exc.get('phase') == 'backward' and report.op:
+            where = 'the backward of ' + report.op
+            if report.location or report.module is not None:
+                where += ' created ' + _where(report, with_op=False)
+        else:
+            where = '{} {}'.format(exc.get('phase'), _where(report))
+        text = '{} in {}: {}'.format(exc.get('type'), where,
+                                     _first_line(exc.get('message')))
+        forward = report.forward
+        if forward is not None:
+            text += '; before it, the forward made {} first in module ' \
+                "'{}' at {} ({})".format(_nonfinite_kind(forward),
+                                        forward['module'],
+                                        forward['location'], forward['op'])
+        return text
+    if kind == 'overflow':
+        over = report.overflow or {}
+        text = '{} only under autocast({}), finite in float32'.format(
+            _symptom(report), report.amp_dtype)
+        if over.get('max_abs') is not None:
+            return text + ": '{}' outputs reach {} (the {} max is {})".format(
+                over.get('module') or report.module,
+                format_value(over['max_abs']), report.amp_dtype,
+                format_value(over.get('limit')))
+        return text + '; first non-finite value made ' + _where(report)
+    if kind == 'data':
+        implicated = [s for s in report.samples if s.problems]
+        text = '{} caused by {}'.format(
+            _symptom(report), _first_problem_text(implicated))
+        if len(implicated) > 1:
+            text += ' (and {} more sample(s))'.format(len(implicated) - 1)
+        if report.module is None and report.location is None:
+            return text
+        return text + '; first non-finite value made ' + _where(report)
+    if kind == 'backward':
+        detail = report.backward
+        if detail:
+            return ('backward of {} made {} from finite gradients {}; '
+                    '{}'.format(report.op, _nonfinite_kind(detail),
+                                _where(report, with_op=False),
+                                _symptom(report)))
+        return 'backward: {}'.format(_symptom(report))
+    if report.forward is None:
+        return ('{}, but no module made it from finite inputs: it came in '
+                'with the batch'.format(_symptom(report)))
+    return 'the forward pass made {} first {}; {}'.format(
+        _nonfinite_kind(report.forward), _where(report), _symptom(report))
+
+
+def _divergence_summary(report):
+    d = report.divergence or {}
+    name = {'loss': 'the loss', 'grad_norm': 'the gradient norm'}.get(
+        d.get('series'), d.get('series'))
+    text = ('training diverged from iter {}: {} reached {}, {}x its median '
+            '{}').format(d.get('began_at'), name, format_value(d.get('value')),
+        format_value(d.get('factor')), format_value(d.get('median')))
+    if d.get('lr') is not None:
+        text += ' (lr {})'.format(format_value(d['lr']))
+    if d.get('spikes'):
+        text += '; {} spike(s) before the trigger'.format(d['spikes'])
+    grown = d.get('grown') or []
+    if grown:
+        text += "; '{}' grew most, {}x".format(
+            grown[0]['name'], format_value(grown[0]['ratio']))
+    symptom = d.get('symptom_kind')
+    if symptom not in (None, 'not_reproduced'):
+        text += '; it ended in {} ({})'.format(_symptom(report), symptom)
+    return text

@@ -1,0 +1,82 @@
+"""A report as text (``report.txt`` and the log)."""
+from .._format import format_value
+from ..records import Report
+from ._summary import _names
+
+def _sample_line(sample):
+    return '  [{}] {}: {}'.format(
+        sample.index, sample.img_path or '-',
+        '; '.join(p.text for p in sample.problems) or
+        'no data problem found')
+
+
+def format_report(report):
+    """The human-readable text of a report (``report.txt`` and the log).
+
+    Args:
+        report (Report | dict): A finished report, or ``report.json``'s
+            content (missing fields count as empty).
+
+    Returns:
+        str: Several lines, no trailing newline.
+    """
+    if isinstance(report, dict):
+        report = Report.from_dict(report)
+    lines = [
+        'mmnanhook diagnosis: {}'.format(report.kind),
+        'summary: {}'.format(report.summary)
+    ]
+    divergence = report.divergence
+    if divergence:
+        lines.append('divergence: from iter {} ({} {}x its median {})'.format(
+            divergence.get('began_at'), divergence.get('series'),
+            format_value(divergence.get('factor')),
+            format_value(divergence.get('median'))))
+    for key in ('module', 'op', 'location'):
+        if getattr(report, key) is not None:
+            lines.append('{}: {}'.format(key, getattr(report, key)))
+    if report.code:
+        lines.append('code: {}'.format(report.code))
+    if report.losses:
+        lines.append('losses: ' +
+                     ', '.join('{}={}'.format(k, format_value(v))
+                               for k, v in report.losses.items()))
+    if report.grad_norm is not None:
+        lines.append('grad_norm: {}'.format(format_value(report.grad_norm)))
+    if report.nonfinite_grad_count:
+        lines.append(
+            'non-finite gradients: ' +
+            _names(report.nonfinite_grads, report.nonfinite_grad_count))
+    if report.params:
+        lines.append('non-finite parameters/buffers: ' +
+                     _names(report.params))
+    if report.optimizer_state:
+        lines.append('non-finite optimizer state: ' +
+                     _names(report.optimizer_state))
+    if report.samples:
+        lines.append('implicated samples:')
+        lines.extend(_sample_line(s) for s in report.samples)
+    implicated = set(s.index for s in report.samples)
+    others = [
+        s for s in report.batch_problems if s.index not in implicated
+    ]
+    if others:
+        lines.append(
+            'other samples with data problems (finite on their own):'
+            if report.sample_replays else 'samples with data problems:')
+        lines.extend(_sample_line(s) for s in others)
+    if report.sample_replays:
+        lines.append('one-sample replays: ' +
+                     ', '.join('{}={}'.format(r['index'], r['result'])
+                               for r in report.sample_replays))
+    if report.hints:
+        lines.append('hints:')
+        lines.extend('  - ' + hint for hint in report.hints)
+    if report.notes:
+        lines.append('notes:')
+        lines.extend('  - ' + note for note in report.notes)
+    if report.traceback:
+        lines.append('traceback:')
+        lines.extend('  ' + line
+                     for line in report.traceback.rstrip().split('\n'))
+    return '\n'.join(lines)

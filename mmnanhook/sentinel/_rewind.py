@@ -1,0 +1,195 @@
+"""Snapshots of a good training state, and going back to one (``'rewind'``).
+
+Every ``interval`` iterations, after an update step that neither triggered
+nor spiked, the model's parameters and buffers, each optimizer's state and
+each loss scaler's state are copied to ``device`` (the CPU by default); the
+newest ``keep`` stay. A rewind copies one back in place: the model's own
+tensors keep their identity, the optimizers keep their current param groups
+(learning rates and momenta as the schedulers set them), so the schedules
+run on as if nothing happened.
+"""
+import collections
+import copy
+
+import torch
+
+
+def _to(obj, device):
+    """A deep copy of ``obj`` with every tensor detached and moved."""
+    if torch.is_tensor(obj):
+        return obj.detach().to(device, copy=True)
+    if isinstance(obj, dict):
+        return type(obj)((k, _to(v, device)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class Snapshot(object):
+    """One saved training state.
+
+    Attributes:
+        iter (int): The iteration after whose update step it was taken.
+        model (dict): The model's state dict (parameters and buffers).
+        optimizers (list[dict]): Each optimizer's ``state`` (no groups).
+        scalers (list[dict | None]): Each loss scaler's state dict.
+        norms (dict): Parameter name -> its norm, for the divergence report.
+    """
+
+    def __init__(self, iter, model, optimizers, scalers, norms):
+        self.iter = iter
+        self.model = model
+        self.optimizers = optimizers
+        self.scalers = scalers
+        self.norms = norms
+
+
+def param_norms(model):
+    """Parameter name -> float norm (a host sync per call: rare paths only)."""
+    with torch.no_grad():
+        named = [(n, p) for n, p in model.named_parameters()
+                 if p.is_floating_point() and p.numel()]
+        if not named:
+            return {}
+        values = torch.stack([p.detach().float().norm().to(named[0][1].device)
+                              for _, p in named]).tolist()
+    return dict((n, v) for (n, _), v in zip(named, values))
+
+
+class SnapshotStore(object):
+    """The last ``keep`` good snapshots, one every ``interval`` iterations.
+
+    Args:
+        interval (int): Iterations between snapshots.
+        keep (int): How many to keep.
+        device (str | torch.device): Where the copies live.
+    """
+
+    def __init__(self, interval=50, keep=2, device='cpu'):
+        self.interval = interval
+        self.device = torch.device(device)
+        self._snapshots = collections.deque(maxlen=keep)
+
+    def __len__(self):
+        return len(self._snapshots)
+
+    def due(self, iter):
+        """Whether the good update step of ``iter`` is to be saved."""
+        return (iter + 1) % self.interval == 0 or not self._snapshots
+
+    def take(self, iter, model, wrappers):
+        """Save the state after the update step of ``iter``."""
+        optimizers = [_to(w.optimizer.state_dict()['state'], self.device)
+                      for w in wrappers]
+        scalers = [_scaler_state(w) for w in wrappers]
+        self._snapshots.append(Snapshot(
+            iter, _to(model.state_dict(), self.device), optimizers,
+            [_to(s, self.device) if s is not None else None
+             for s in scalers], param_norms(model)))
+
+    def before(self, iter):
+        """The newest snapshot taken before iteration ``iter``, or ``None``."""
+        for snapshot in reversed(self._snapshots):
+            if snapshot.iter < iter:
+                return snapshot
+        return None
+
+    def drop_after(self, iter):
+        """Forget the snapshots of iterations ``>= iter`` (they may hold the
+        divergence)."""
+        while self._snapshots and self._snapshots[-1].iter >= iter:
+            self._snapshots.pop()
+
+    @staticmethod
+    def restore(snapshot, model, wrappers):
+        """Copy ``snapshot`` back into ``model`` and the optimizers, in place.
+
+        Each optimizer keeps its current param groups: their learning rates
+        are what the schedulers set for now.
+        """
+        model.load_state_dict(snapshot.model)
+        for wrapper, state, scaler in zip(wrappers, snapshot.optimizers,
+                                          snapshot.scalers):
+            current = wrapper.optimizer.state_dict()
+            current['state'] = copy.deepcopy(state)
+            wrapper.optimizer.load_state_dict(current)
+            if scaler is not None:
+                wrapper.loss_scaler.load_state_dict(copy.deepcopy(scaler))
+
+
+def _scaler_state(wrapper):
+    scaler = getattr(wrapper, 'loss_scaler', None)
+    if scaler is None or not hasattr(scaler, 'state_dict'):
+        return None
+    return scaler.state_dict()
+
+
+class Rewinder(object):
+    """``policy='rewind'``: when to save, going back, the LR cooldown.
+
+    Args:
+        options (RewindOptions): Snapshot interval and device, how many,
+            the LR factor, the cooldown, the consecutive-rewind limit.
+    """
+
+    def __init__(self, options):
+        self.options = options
+        self.store = SnapshotStore(options.snapshot_interval,
+                                   options.max_snapshots,
+                                   options.snapshot_device)
+        self.rewinds = 0
+        self.consecutive = 0
+        self.cooldown_left = 0
+        self.factor = 1.0
+
+    def start(self, model, wrappers):
+        """Save the state training starts from (iteration -1)."""
+        self.store.take(-1, model, wrappers)
+
+    def after_update(self, iter, clean, model, wrappers, sentinels):
+        """After the update step of ``iter``: count the cooldown down and
+        save a snapshot when one is due.
+
+        Args:
+            clean (bool): The step neither triggered nor spiked.
+        """
+        if not clean:
+            return
+        if self.cooldown_left:
+            self.cooldown_left -= 1
+            if not self.cooldown_left:
+                # Cooled down: the scheduled LR again, a fresh budget.
+                self.consecutive = 0
+                self.factor = 1.0
+                for sentinel in sentinels:
+                    sentinel.lr_factor = None
+        if self.store.due(iter):
+            self.store.take(iter, model, wrappers)
+
+    def rewind(self, since, model, wrappers, sentinels):
+        """Go back to the newest snapshot taken before iteration ``since``.
+
+        Returns:
+            tuple: ``(snapshot, None)`` after going back; ``(None, reason)``
+            when there is nothing to go back to or when ``max_rewinds``
+            consecutive rewinds are exceeded (the caller escalates).
+        """
+        snapshot = self.store.before(since)
+        if snapshot is None:
+            return None, ('no snapshot older than iteration %s to rewind to'
+                          % (since, ))
+        if self.consecutive >= self.options.max_rewinds:
+            return None, ("policy 'rewind' already went back %d consecutive "
+                          'times without %d clean update steps in between '
+                          '(max_rewinds=%d)' % (
+                              self.consecutive, self.options.cooldown,
+                              self.options.max_rewinds))
+        self.store.restore(snapshot, model, wrappers)
+        self.store.drop_after(snapshot.iter + 1)
+        self.consecutive += 1
+        self.rewinds += 1
+        self.factor *= self.options.lr_factor
+        self.cooldown_left = self.options.cooldown
+        for sentinel in sentinels:
+            sentinel.lr_factor = self.factor if self.cooldown_left else None
+        return snapshot, None

@@ -1,0 +1,142 @@
+"""Spike detection: a finite loss or gradient norm far above its recent band.
+
+Framework-free and host-only: it sees the floats tier 1's one sync already
+brought to the host, so it costs no sync and a few float operations per
+iteration. The band of a series is robust to the spikes it looks for: the
+median and the median absolute deviation (MAD) of the last ``window``
+values that were not spikes themselves. After ``warmup`` values, a value is
+a spike when it is both ``factor`` times the median and more than
+``threshold`` robust standard deviations (1.4826 * MAD) above it; the
+second condition keeps a series whose values are all of one magnitude from
+flagging its ordinary noise, the first keeps a series with a tiny MAD (a
+plateau) from flagging a small step.
+"""
+import collections
+import math
+
+# 1.4826 * MAD estimates the standard deviation of normal data.
+_MAD_TO_STD = 1.4826
+
+
+def _median(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+
+
+class Spike(object):
+    """One spike of one series.
+
+    Attributes:
+        series (str): ``'loss'`` or ``'grad_norm'``.
+        iter (int): The iteration.
+        value (float): The spiked value.
+        median (float): The band's median.
+        high (float): The band's upper edge.
+        factor (float): ``value / median``.
+    """
+
+    __slots__ = ('series', 'iter', 'value', 'median', 'high', 'factor')
+
+    def __init__(self, series, iter, value, median, high):
+        self.series = series
+        self.iter = iter
+        self.value = value
+        self.median = median
+        self.high = high
+        self.factor = value / median if median > 0 else math.inf
+
+    def to_dict(self):
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __repr__(self):
+        return ('%s spike at iter %s: %.6g is %.3gx the median %.6g (band up '
+                'to %.6g)' % (self.series, self.iter, self.value, self.factor,
+                              self.median, self.high))
+
+
+class SeriesBand(object):
+    """The robust band of one series of positive values.
+
+    Args:
+        window (int): Values the band is computed over.
+        warmup (int): Values seen before any is judged.
+        factor (float): How many times the median a spike is at least.
+        threshold (float): How many robust standard deviations above the
+            median a spike is at least.
+    """
+
+    def __init__(self, window=50, warmup=20, factor=4.0, threshold=6.0):
+        self.values = collections.deque(maxlen=window)
+        self.warmup = warmup
+        self.factor = factor
+        self.threshold = threshold
+
+    def band(self):
+        """``(median, upper edge)``, or ``None`` during the warm-up."""
+        if len(self.values) < max(self.warmup, 1):
+            return None
+        median = _median(self.values)
+        mad = _median([abs(v - median) for v in self.values])
+        high = max(median * self.factor,
+                   median + self.threshold * _MAD_TO_STD * mad)
+        return median, high
+
+    def judge(self, value):
+        """Whether ``value`` is a spike; a value that is not joins the band.
+
+        Returns:
+            tuple | None: ``(median, high)`` of the band it broke out of.
+        """
+        if value is None or not math.isfinite(value):
+            return None
+        band = self.band()
+        if band is not None and value > band[1]:
+            return band
+        self.values.append(value)
+        return None
+
+
+class SpikeDetector(object):
+    """Spikes of the total loss and the gradient norm.
+
+    Args:
+        window, warmup, threshold: See :class:`SeriesBand`.
+        factor (float | dict): See :class:`SeriesBand`; a dict gives each
+            series its own.
+    """
+
+    SERIES = ('loss', 'grad_norm')
+
+    def __init__(self, window=50, warmup=20, factor=4.0, threshold=6.0):
+        factors = factor if isinstance(factor, dict) else dict.fromkeys(
+            self.SERIES, factor)
+        self.bands = {name: SeriesBand(window, warmup, factors[name],
+                                       threshold)
+                      for name in self.SERIES}
+        self.spikes = []
+
+    def observe(self, iter, loss, grad_norm):
+        """Judge one update step's values.
+
+        Args:
+            iter (int): The iteration.
+            loss (float, optional): Its total loss.
+            grad_norm (float, optional): Its gradient norm.
+
+        Returns:
+            list[Spike]: The spikes of this step (usually none).
+        """
+        found = []
+        for name, value in (('loss', loss), ('grad_norm', grad_norm)):
+            band = self.bands[name].judge(value)
+            if band is not None:
+                found.append(Spike(name, iter, value, band[0], band[1]))
+        self.spikes.extend(found)
+        return found
+
+    def median(self, series):
+        """The current median of ``series``, or ``None`` before any value."""
+        values = self.bands[series].values
+        return _median(values) if values else None

@@ -1,0 +1,193 @@
+"""Spikes (finite values far above their band) and ``policy='rewind'``.
+
+The toy model's loss is O(1); its ``spike`` fault makes one sample's loss a
+thousand times that, finite. Under ``'rewind'`` the hook keeps snapshots of
+good states and goes back to the newest one before the divergence began.
+"""
+import math
+import random
+
+import pytest
+import torch
+
+from mmnanhook import NanDetectHook, NonFiniteError
+from mmnanhook.sentinel import SeriesBand, SpikeDetector
+from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
+                                   log_text, make_runner, params,
+                                   train_error)
+
+# Small bands, so that short runs get past the warm-up.
+SPIKES = dict(spike_window=10, spike_warmup=5)
+# The toy model diverges by itself at make_runner's default LR.
+STABLE = dict(optimizer=dict(type='SGD', lr=0.01, momentum=0.9))
+# Sample 2k / 2k+1 is in iteration k.
+ITERS = 16
+
+
+def _scalar(runner, name):
+    buffer = runner.message_hub.log_scalars.get(name)
+    return buffer.current() if buffer is not None else None
+
+
+def test_no_false_spike_on_noise_and_warmup_and_a_real_one():
+    rng = random.Random(0)
+    band = SeriesBand(window=50, warmup=20, factor=4.0)
+    # A warmup curve falling from 20 to 1, then noise of a factor 2 around
+    # it, the spread of per-batch losses of a detector.
+    values = [20.0 * 0.9**i for i in range(30)] + [
+        math.exp(rng.uniform(-0.7, 0.7)) for _ in range(500)]
+    assert [v for v in values if band.judge(v) is not None] == []
+    assert band.judge(10.0) is not None
+    # The spike did not widen the band.
+    assert band.judge(10.0) is not None
+    detector = SpikeDetector(window=10, warmup=5)
+    for i in range(10):
+        assert detector.observe(i, 1.0 + 0.01 * i, 2.0) == []
+    (spike, ) = detector.observe(10, 50.0, 2.1)
+    assert (spike.series, spike.iter) == ('loss', 10)
+    assert spike.factor > 40 and 'loss spike at iter 10' in repr(spike)
+
+
+def test_clean_run_has_no_spike(tmp_path):
+    runner = make_runner(tmp_path, hook=dict(type='NanDetectHook', **SPIKES),
+                         max_iters=ITERS, n=2 * ITERS, optim_wrapper=STABLE)
+    runner.train()
+    assert _scalar(runner, 'train/spikes') == 0
+
+
+@pytest.mark.parametrize('spike_policy', ['warn', 'skip', 'raise'])
+def test_spike_policies(tmp_path, spike_policy):
+    # The last iteration: applied ('warn'), the huge update would make the
+    # next ones diverge.
+    probe = Probe()
+    runner = make_runner(
+        tmp_path, faults={30: 'spike'}, probe=probe, max_iters=ITERS,
+        n=2 * ITERS, log_level='INFO', optim_wrapper=STABLE,
+        hook=dict(type='NanDetectHook', spike_policy=spike_policy, **SPIKES))
+    if spike_policy == 'raise':
+        error = train_error(runner)
+        assert (error.trigger, error.iter) == ('spike', 15)
+        assert 'loss spike at iter 15' in str(error)
+        assert_same(params(runner), probe.before[15][0])
+        return
+    runner.train()
+    assert _scalar(runner, 'train/spikes') >= 1
+    assert 'loss spike at iter 15' in log_text(runner)
+    changed = not torch.equal(probe.after[15][0]['fc.weight'],
+                              probe.before[15][0]['fc.weight'])
+    assert changed == (spike_policy == 'warn')
+    assert _scalar(runner, 'train/nan_skipped') == 0
+
+
+def test_spikes_off(tmp_path):
+    runner = make_runner(tmp_path, faults={24: 'spike'}, max_iters=ITERS,
+                         n=2 * ITERS, optim_wrapper=STABLE,
+                         hook=dict(type='NanDetectHook', spike_policy=None))
+    runner.train()
+    assert _scalar(runner, 'train/spikes') is None
+
+
+def _rewind_hook(**kwargs):
+    options = dict(type='NanDetectHook', policy='rewind',
+                   spike_policy='rewind', snapshot_interval=4, cooldown=3,
+                   lr_factor=0.1, **SPIKES)
+    options.update(kwargs)
+    return options
+
+
+def test_rewind_restores_the_snapshot_bitwise_and_lowers_the_lr(tmp_path):
+    probe = Probe()
+    # Two spikes in a row: the second tells of a divergence.
+    runner = make_runner(tmp_path, faults={20: 'spike', 22: 'spike'},
+                         probe=probe, max_iters=ITERS, n=2 * ITERS,
+                         hook=_rewind_hook(), log_level='INFO',
+                         optim_wrapper=STABLE)
+    lrs = []
+
+    class LrSeen(NanDetectHook.__mro__[1]):  # an mmengine Hook
+        priority = 'VERY_LOW'
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            lrs.append(runner.optim_wrapper.param_groups[0]['lr'])
+
+    runner.register_hook(LrSeen())
+    runner.train()
+    assert _scalar(runner, 'train/rewinds') == 1
+    assert 'rewound to the state after iter 7' in log_text(runner)
+    # The first spike (iter 10) was skipped: a single bad batch. The second
+    # (iter 11) went back to the snapshot after iter 7, the newest before
+    # the divergence began at 10.
+    assert_same(probe.after[11][0], probe.after[7][0])
+    assert_state_same(probe.after[11][1]['state'], probe.after[7][1]['state'])
+    # The schedulers never saw the lowered LR.
+    assert len(set(lrs)) == 1
+    hook = [h for h in runner.hooks if isinstance(h, NanDetectHook)][0]
+    records = {r['iter']: r for r in hook._history.records()}
+    assert records[11]['rewind'] == 7
+    assert records[12]['lr'] == pytest.approx(0.01 * 0.1)
+    assert records[15]['lr'] == pytest.approx(0.01)
+    assert 'loss' in records[10]['spike']
+
+
+def test_rewind_of_a_single_bad_batch_is_a_skip(tmp_path):
+    probe = Probe()
+    runner = make_runner(tmp_path, faults={12: 'nan_term'}, probe=probe,
+                         max_iters=ITERS, n=2 * ITERS, hook=_rewind_hook(),
+                         optim_wrapper=STABLE)
+    runner.train()
+    assert _scalar(runner, 'train/rewinds') is None
+    assert _scalar(runner, 'train/nan_skipped') == 1
+    assert_same(probe.after[6][0], probe.before[6][0])
+
+
+def test_max_rewinds_raises(tmp_path):
+    faults = {2 * i: 'spike' for i in range(10, ITERS)}
+    runner = make_runner(tmp_path, faults=faults, max_iters=ITERS,
+                         n=2 * ITERS, hook=_rewind_hook(max_rewinds=2),
+                         optim_wrapper=STABLE)
+    error = train_error(runner)
+    assert error.trigger == 'spike'
+    assert 'max_rewinds=2' in str(error)
+
+
+def test_rewind_needs_the_hook():
+    from mmnanhook import NanDetectOptimWrapper
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match='needs NanDetectHook'):
+        NanDetectOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                              policy='rewind')
+
+
+@pytest.mark.parametrize('option,value', [
+    ('spike_policy', 'ignore'), ('spike_window', 1), ('spike_warmup', 0),
+    ('spike_factor', 0.5), ('spike_factor', dict(acc=2.0)),
+    ('snapshot_interval', 0),
+    ('snapshot_device', 'gpu0'), ('max_snapshots', 0), ('lr_factor', 0.0),
+    ('lr_factor', 2.0), ('cooldown', -1), ('max_rewinds', 0),
+])
+def test_bad_rewind_and_spike_options_name_themselves(option, value):
+    with pytest.raises(ValueError, match=option):
+        NanDetectHook(**{option: value})
+
+
+def test_nonfinite_after_an_lr_blowup_is_a_divergence(tmp_path):
+    # No warmup and an LR far too high: the loss grows, then overflows.
+    optim = dict(optimizer=dict(type='SGD', lr=30.0))
+    ref = Probe()
+    reference = make_runner(tmp_path / 'ref', probe=ref, max_iters=ITERS,
+                            n=2 * ITERS, optim_wrapper=optim)
+    try:
+        reference.train()
+    except Exception:  # noqa: BLE001 - it diverges without the hook
+        pass
+    runner = make_runner(tmp_path / 'hook', max_iters=ITERS, n=2 * ITERS,
+                         optim_wrapper=optim,
+                         hook=dict(type='NanDetectHook', **SPIKES))
+    error = train_error(runner)
+    report = error.report
+    assert report['kind'] == 'divergence'
+    divergence = report['divergence']
+    assert divergence['began_at'] < error.iter
+    assert 'training diverged from iter %d' % divergence['began_at'] in \
+        report['summary']
+    assert any('lower the learning rate' in h for h in report['hints'])
