@@ -25,7 +25,8 @@ from .options import (CheckOptions, RewindOptions, check_anomaly, check_bool,
                       check_count, check_path, is_count)
 from .diagnosis import divergence_evidence
 from .diagnosis._divergence import rising as _rising
-from .records import NonFiniteEvent, Trigger
+from .records import NonFiniteEvent, Report, Trigger
+from .report import report_card
 from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, History,
                        Listener, Rewinder, StepContext, StepMemory,
                        answer_text, install_nan_detect, loss_terms,
@@ -470,6 +471,23 @@ class NanDetectHook(Hook, Listener):
                         self.rewind_options.cooldown))
         return result or None
 
+    def _visualize(self, event, result):
+        """Send the sample pictures and the report summary to the runner's
+        visualizer: they land in every backend the config set up."""
+        visualizer = getattr(self._runner, 'visualizer', None)
+        if visualizer is None:
+            return
+        try:
+            card = report_card(Report.from_dict(result['report']), event.iter)
+            for picture in list(result.get('pictures') or []) + [card]:
+                name = 'mmnanhook/' + (picture.view if picture.index < 0 else
+                                       picture.name.rsplit('.', 1)[0])
+                visualizer.add_image(name, picture.rgb(), step=event.iter)
+        except Exception as error:  # noqa: BLE001 - never costs the policy
+            self._logger.warning('mmnanhook: the visualizer did not take the '
+                                 'pictures: %s: %s' % (type(error).__name__,
+                                                       error))
+
     def _weights_broken(self):
         # Failure path: a sync per parameter is fine here.
         return any(not bool(torch.isfinite(p).all())
@@ -521,6 +539,7 @@ class NanDetectHook(Hook, Listener):
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
             anomaly=self.anomaly != 'never', divergence=evidence)
+        self._visualize(event, result)
         # What the diagnosis allocated is free now: give it back.
         compat.trim_heap()
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %

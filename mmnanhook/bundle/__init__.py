@@ -8,8 +8,9 @@
 """
 from ._layout import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, FORMAT_VERSION,
                       HISTORY_JSON, HISTORY_PNG, MANIFEST, MODEL, OPTIMIZER,
-                      REPORT, REPORT_TEXT, RNG, TORCH_SUFFIX, amp_dtype_name,
-                      bundle_name, render_manifest, to_strict_json, versions)
+                      REPORT, REPORT_HTML, REPORT_TEXT, RNG, TORCH_SUFFIX,
+                      amp_dtype_name, bundle_name, render_manifest,
+                      to_strict_json, versions)
 from ._plot import plot_history
 from ._reader import Bundle, load_bundle
 from ._writer import write_bundle
@@ -17,7 +18,7 @@ from ._writer import write_bundle
 __all__ = [
     'AMP_DTYPES', 'Bundle', 'CONFIG_FILE', 'DATA_BATCH', 'FORMAT_VERSION',
     'HISTORY_JSON', 'HISTORY_PNG', 'MANIFEST', 'MODEL', 'OPTIMIZER', 'REPORT',
-    'REPORT_TEXT', 'RNG', 'TORCH_SUFFIX', 'amp_dtype_name', 'bundle_name',
-    'load_bundle', 'plot_history', 'render_manifest', 'to_strict_json',
-    'versions', 'write_bundle'
+    'REPORT_HTML', 'REPORT_TEXT', 'RNG', 'TORCH_SUFFIX', 'amp_dtype_name',
+    'bundle_name', 'load_bundle', 'plot_history', 'render_manifest',
+    'to_strict_json', 'versions', 'write_bundle'
 ]

@@ -38,6 +38,7 @@ _TMP_PREFIX = '.mmnan-tmp.'
 
 CONFIG_FILE = 'config.py'
 REPORT_TEXT = 'report.txt'
+REPORT_HTML = 'report.html'
 # Stems of the torch files.
 DATA_BATCH = 'data_batch'
 MODEL = 'model'
@@ -56,7 +57,7 @@ def amp_dtype_name(dtype):
     return None
 
 
-def render_manifest(event, epoch, amp_dtype, declared, divergence=None):
+def render_manifest(event, epoch, amp_dtype, annotations, divergence=None):
     """The fields of ``manifest.json`` that describe a trigger.
 
     :func:`~mmnanhook.bundle.write_bundle` adds ``format_version``,
@@ -66,8 +67,8 @@ def render_manifest(event, epoch, amp_dtype, declared, divergence=None):
         event (NonFiniteEvent): The trigger.
         epoch (int): The training epoch.
         amp_dtype (torch.dtype, optional): The run's autocast dtype.
-        declared (list, optional): Per sample, the image size its
-            annotation declares.
+        annotations (list, optional): Per sample, what its annotation says
+            (declared image size, boxes).
         divergence (dict, optional): Evidence of a divergence before the
             trigger; an offline replay applies it again.
 
@@ -75,7 +76,7 @@ def render_manifest(event, epoch, amp_dtype, declared, divergence=None):
         dict: Strict-JSON plain data.
     """
     return to_strict_json(dict(
-        declared_sizes=declared,
+        annotations=annotations,
         iter=event.iter,
         epoch=epoch,
         rank=event.rank,

@@ -187,7 +187,8 @@ def _prune(dump_dir, rank, max_dumps, log):
 
 
 def write_bundle(dump_dir, name, manifest, tensors, texts, report,
-                 history_records, max_dumps=5, logger=None):
+                 history_records, max_dumps=5, logger=None, blobs=None,
+                 render=None):
     """Write a bundle atomically into ``dump_dir/name``.
 
     Everything is written and fsynced in a hidden temp dir inside
@@ -216,6 +217,12 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
             ``None`` keeps all.
         logger (logging.Logger, optional): Where to log; the current
             MMLogger by default.
+        blobs (dict, optional): File name -> bytes written as they are
+            (pictures).
+        render (callable, optional): ``render(history_png, versions)`` ->
+            file name -> bytes, called once everything else is written
+            (``report.html`` inlines the history plot); a failure costs
+            only its files.
 
     Returns:
         str | None: Path of the bundle; ``None`` when it could not be
@@ -254,10 +261,17 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
             data = text.encode('utf-8')
             _write_file(osp.join(tmp, file_name), lambda f: f.write(data))
         _write_json(osp.join(tmp, REPORT), report)
+        history_png = None
         if history_records is not None:
             _write_json(osp.join(tmp, HISTORY_JSON), history_records)
-            _plot(history_records, osp.join(tmp, HISTORY_PNG),
-                  manifest.get('iter'), log)
+            history_png = _plot(history_records, osp.join(tmp, HISTORY_PNG),
+                                manifest.get('iter'), log)
+        for file_name, data in (blobs or {}).items():
+            _check_name(file_name)
+            _write_file(osp.join(tmp, file_name),
+                        lambda f, data=data: f.write(data))
+        if render is not None:
+            _render(render, tmp, history_png, log)
 
         full = dict(manifest)
         full['format_version'] = FORMAT_VERSION
@@ -299,8 +313,11 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
 
 
 def _plot(records, path, fail_iter, log):
+    """Write the history plot; return its bytes (``None`` if it failed)."""
     try:
         plot_history(records, path, fail_iter)
+        with open(path, 'rb') as f:
+            return f.read()
     except OSError:
         raise
     except Exception as error:  # noqa: BLE001 - a plot never costs a bundle
@@ -308,3 +325,17 @@ def _plot(records, path, fail_iter, log):
             os.remove(path)
         log('mmnanhook: history.png is left out of the bundle: {}: {}'.format(
             type(error).__name__, error), logging.WARNING)
+        return None
+
+
+def _render(render, tmp, history_png, log):
+    try:
+        files = render(history_png, versions())
+    except Exception as error:  # noqa: BLE001 - it never costs a bundle
+        log('mmnanhook: report.html is left out of the bundle: {}: {}'.format(
+            type(error).__name__, error), logging.WARNING)
+        return
+    for file_name, data in files.items():
+        _check_name(file_name)
+        _write_file(osp.join(tmp, file_name),
+                    lambda f, data=data: f.write(data))

@@ -6,7 +6,8 @@ import torch
 
 from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
                       RNG, load_bundle)
-from ..diagnosis import angle_range_from_config, apply_divergence, diagnose
+from ..diagnosis import (angle_range_from_config, apply_divergence,
+                         declared_sizes, diagnose)
 from ..errors import BundleError
 from ..report import finalize
 from ..sentinel import restore_rng
@@ -75,7 +76,7 @@ def replay_bundle(path, device='cpu', fp32=False):
         angle_range=angle_range_from_config(cfg),
         optimizer_state=bundle.load(OPTIMIZER)
         if bundle.has(OPTIMIZER) else None,
-        declared=bundle.manifest.get('declared_sizes'))
+        declared=declared_sizes(bundle.manifest.get('annotations')))
     # What the run knew of a divergence before the trigger, again.
     if apply_divergence(report, bundle.manifest.get('divergence')):
         finalize(report)

@@ -304,8 +304,8 @@ def size_mismatch_problem(declared, sample):
     return DataProblem(ProblemCategory.SIZE_MISMATCH, text)
 
 
-def declared_sizes(dataset, data_batch):
-    """The ``(width, height)`` the annotations declare for a batch's images.
+def annotations(dataset, data_batch):
+    """What the annotations say of a batch's images: size and boxes.
 
     Looked up by ``img_path`` in the dataset's data infos (through dataset
     wrappers such as ``RepeatDataset``), failure path only: it may read
@@ -316,24 +316,36 @@ def declared_sizes(dataset, data_batch):
         data_batch (dict): The batch.
 
     Returns:
-        list: One ``(width, height)`` or ``None`` per sample.
+        list: One ``{'declared': (width, height) | None, 'boxes': [[...]]}``
+        per sample (boxes in the file's own coordinates, as annotated), or
+        ``None`` where the sample was not found.
     """
     samples = (data_batch or {}).get('data_samples') or []
     wanted = {sample_img_path(s): i for i, s in enumerate(samples)}
-    sizes = [None] * len(samples)
+    found = [None] * len(samples)
     while dataset is not None and not hasattr(dataset, 'get_data_info'):
         dataset = getattr(dataset, 'dataset', None)
     wanted.pop(None, None)
     if dataset is None or not wanted:
-        return sizes
+        return found
     for index in range(len(dataset)):
         info = dataset.get_data_info(index)
         i = wanted.pop(str(info.get('img_path')), None)
         if i is not None:
-            sizes[i] = declared_size(dataset, info)
+            boxes = [[float(v) for v in inst['bbox']]
+                     for inst in info.get('instances') or []
+                     if 'bbox' in inst]
+            found[i] = dict(declared=declared_size(dataset, info),
+                            boxes=boxes)
         if not wanted:
             break
-    return sizes
+    return found
+
+
+def declared_sizes(found):
+    """The declared ``(width, height)`` of each sample of
+    :func:`annotations`' answer."""
+    return [a.get('declared') if a else None for a in found or []]
 
 
 def declared_size(dataset, info):

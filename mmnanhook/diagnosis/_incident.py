@@ -11,13 +11,14 @@ from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
 from .._mmengine import unwrap_model
-from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_TEXT,
-                      RNG, bundle_name, render_manifest, to_strict_json,
-                      write_bundle)
+from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
+                      REPORT_TEXT, RNG, bundle_name, render_manifest,
+                      to_strict_json, write_bundle)
 from ..records import Report
-from ..report import finalize, format_report
+from ..report import finalize, format_report, render_html, sample_pictures
+
 from ..sentinel import restore_rng
-from ._data import angle_range_from_config, declared_sizes
+from ._data import angle_range_from_config, annotations, declared_sizes
 from ._diagnose import diagnose
 from ._divergence import apply_divergence
 
@@ -39,15 +40,15 @@ def _unreplayed_report(summary):
     return Report(summary=summary)
 
 
-def _declared_sizes(runner, data_batch):
-    # What the annotations say the batch's image sizes are; the bundle keeps
-    # it, as a replay has no dataset to ask.
+def _annotations(runner, data_batch):
+    # What the annotations say of the batch's images; the bundle keeps it,
+    # as a replay has no dataset to ask.
     try:
-        return declared_sizes(runner.train_dataloader.dataset, data_batch)
+        return annotations(runner.train_dataloader.dataset, data_batch)
     except Exception as error:  # noqa: BLE001 - a missing detail only
-        print_log('mmnanhook: declared image sizes unknown ({}: {})'.format(
-            type(error).__name__, error), logger='current',
-            level=logging.WARNING)
+        print_log('mmnanhook: the annotations of the batch are unknown ({}: '
+                  '{})'.format(type(error).__name__, error),
+                  logger='current', level=logging.WARNING)
         return None
 
 
@@ -78,7 +79,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     model = unwrap_model(runner.model)
     amp_dtype = _amp_dtype(runner.optim_wrapper)
     optim_state = runner.optim_wrapper.state_dict()
-    declared = _declared_sizes(runner, data_batch)
+    found = _annotations(runner, data_batch)
+    declared = declared_sizes(found)
     if replay:
         try:
             report = diagnose(
@@ -103,6 +105,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     print_log('mmnanhook diagnosis:\n' + text, logger='current',
               level=logging.ERROR)
     path = None
+    pictures = _pictures(model, data_batch, report, found)
     if max_dumps:
         tensors = {DATA_BATCH: data_batch, MODEL: model.state_dict(),
                    RNG: rng_state}
@@ -110,17 +113,37 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             tensors[OPTIMIZER] = optim_state
         if event.iter is None:
             event.iter = runner.iter
-        manifest = render_manifest(event, runner.epoch, amp_dtype, declared,
+        manifest = render_manifest(event, runner.epoch, amp_dtype, found,
                                    divergence)
         path = write_bundle(
             dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
             tensors, {CONFIG_FILE: _config_text(runner.cfg),
                       REPORT_TEXT: text + '\n'},
             to_strict_json(report.to_dict()), history_records,
-            max_dumps=max_dumps)
+            max_dumps=max_dumps,
+            blobs=dict((p.name, p.png()) for p in pictures),
+            render=functools.partial(_render_html, report, manifest,
+                                     pictures))
     # What the error carries is report.json's content.
     return dict(bundle=path, summary=report.summary, report=report.to_dict(),
-                seconds=time.time() - start)
+                pictures=pictures, seconds=time.time() - start)
+
+
+def _pictures(model, data_batch, report, found):
+    # A picture never costs the bundle or the diagnosis.
+    try:
+        return sample_pictures(model, data_batch, report.samples, found)
+    except Exception as error:  # noqa: BLE001 - pictures are extras
+        print_log('mmnanhook: no sample pictures: {}: {}'.format(
+            type(error).__name__, error), logger='current',
+            level=logging.WARNING)
+        return []
+
+
+def _render_html(report, manifest, pictures, history_png, versions):
+    page = render_html(report, dict(manifest, versions=versions), pictures,
+                       history_png)
+    return {REPORT_HTML: page.encode('utf-8')}
 
 
 def _config_text(cfg):

@@ -4,9 +4,13 @@ one-line summary, its hints and its text.
 * :mod:`._summary`: :func:`summarize`.
 * :mod:`._hints`: :func:`make_hints`.
 * :mod:`._text`: :func:`format_report`.
+* :mod:`._pictures`: pictures of the implicated samples.
+* :mod:`._html`: ``report.html``, self-contained.
 """
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
 from ._hints import make_hints
+from ._html import render_html
+from ._pictures import Picture, report_card, sample_pictures
 from ._summary import summarize
 from ._text import format_report
 
@@ -28,6 +32,7 @@ def finalize(report):
 
 
 __all__ = [
-    'FORMAT_VERSION', 'KINDS', 'Report', 'finalize', 'format_report',
-    'make_hints', 'new_report', 'summarize'
+    'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'finalize',
+    'format_report', 'make_hints', 'new_report', 'render_html',
+    'report_card', 'sample_pictures', 'summarize'
 ]
