@@ -242,6 +242,19 @@ def distribution_version(names):
     return None
 
 
+def nan_to_num(tensor, nan=0.0, posinf=None, neginf=None):
+    """``torch.nan_to_num`` (torch >= 1.8) on every torch."""
+    if hasattr(torch, 'nan_to_num'):
+        return torch.nan_to_num(tensor, nan=nan, posinf=posinf, neginf=neginf)
+    big = torch.finfo(tensor.dtype).max if tensor.is_floating_point() else 0
+    out = torch.where(torch.isnan(tensor), torch.full_like(tensor, nan),
+                      tensor)
+    out = torch.where(out == float('inf'), torch.full_like(
+        out, big if posinf is None else posinf), out)
+    return torch.where(out == float('-inf'), torch.full_like(
+        out, -big if neginf is None else neginf), out)
+
+
 def trim_heap():
     """Hand the heap pages freed since to the OS (glibc ``malloc_trim``).
 

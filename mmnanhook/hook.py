@@ -480,7 +480,9 @@ class NanDetectHook(Hook, Listener):
         try:
             card = report_card(Report.from_dict(result['report']), event.iter)
             for picture in list(result.get('pictures') or []) + [card]:
-                name = 'mmnanhook/' + (picture.view if picture.index < 0 else
+                # No '/': LocalVisBackend writes '<name>_<step>.png' into one
+                # directory and silently drops a name with a subdirectory.
+                name = 'mmnanhook_' + (picture.view if picture.index < 0 else
                                        picture.name.rsplit('.', 1)[0])
                 visualizer.add_image(name, picture.rgb(), step=event.iter)
         except Exception as error:  # noqa: BLE001 - never costs the policy

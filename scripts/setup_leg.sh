@@ -29,6 +29,7 @@ modern)
     # mmseg imports ftfy and regex unconditionally (its tokenizer). mmpretrain
     # cannot be installed in either leg (see tests/conftest.py).
     extra_pins=(mmdet==3.3.0 mmsegmentation==1.2.2 ftfy==6.3.1 regex==2026.11.19)
+    test_pins=(pytest tensorboard==2.21.0)
     ;;
 dota)
     # shellcheck disable=SC1091
@@ -40,8 +41,10 @@ dota)
     mmcv_version=$MMCV_VERSION
     # numpy pinned (1.23.x): e2cnn, an mmrotate 1.0.0rc1 dependency, still uses the
     # np.float alias that numpy 1.24 removed.
-    extra_pins=("torchvision==$TORCHVISION_VERSION" "numpy==$NUMPY_VERSION"
+    extra_pins=("torchvision==$TORCHVISION_VERSION" "numpy==$NUMPY_VERSION" "pillow==$PILLOW_VERSION"
                 "mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION")
+    # The newest tensorboard for Python 3.8 (tests read event files back).
+    test_pins=(pytest tensorboard==2.14.0)
     ;;
 *) echo "unknown leg $leg (modern|dota)" >&2; exit 2 ;;
 esac
@@ -56,7 +59,7 @@ if ! py=$(find_python "$py_minor"); then
 fi
 
 stamp="$venv/.mmnanhook-setup"
-want="$py_minor $torch_pin $mmengine_pin mmcv==$mmcv_version ${extra_pins[*]} $(cat setup.py | cksum)"
+want="$py_minor $torch_pin $mmengine_pin mmcv==$mmcv_version ${extra_pins[*]} ${test_pins[*]} $(cat setup.py | cksum)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     echo "[setup $leg] $venv is up to date"
     exit 0
@@ -68,7 +71,7 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "$torch_pin" "$mmengine_pin"
 scripts/install_mmcv.sh "$venv" "$mmcv_version"
 "${pip[@]}" "${extra_pins[@]}"
-"${pip[@]}" pytest
+"${pip[@]}" "${test_pins[@]}"
 "${pip[@]}" --no-deps -e .
 "$venv/bin/python" - "$mmcv_version" <<'PY'
 import sys

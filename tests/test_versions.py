@@ -23,6 +23,7 @@ TWIN_MODULES = {
     'TORCH_VERSION': 'torch',
     'TORCHVISION_VERSION': 'torchvision',
     'NUMPY_VERSION': 'numpy',
+    'PILLOW_VERSION': 'PIL',
     'MMENGINE_VERSION': 'mmengine',
     'MMCV_VERSION': 'mmcv',
     'MMDET_VERSION': 'mmdet',

@@ -9,6 +9,7 @@ from ..version import __version__
 from ._layout import FORMAT_VERSION, MANIFEST, REPORT, TORCH_SUFFIX, \
     _TMP_PREFIX, sha256
 
+
 class Bundle(object):
     """A bundle directory that passed :func:`load_bundle`'s checks.
 

@@ -4,8 +4,17 @@ A synthetic dataset gets one planted defect that reaches the loss through
 the real dataset class and pipeline; a tiny detector trains with
 NanDetectHook until the hook stops it.  Everything printed comes from what
 the hook found; nothing here knows the expected answer.
+
+The console tells the story (training lines, the stop, the diagnosis, where
+the bundle is); MMEngine's config dump and hook table go to the full log in
+the work directory only.
 """
+import contextlib
+import glob
+import io
+import logging
 import os.path as osp
+import sys
 import tempfile
 
 from ..errors import NonFiniteError
@@ -47,6 +56,49 @@ def demo_dataset(dota, root):
                                 defects={DEFECT_IMAGE: defect})
 
 
+class _Story(logging.Filter):
+    """Lets through the training lines, mmnanhook's lines and warnings."""
+
+    def filter(self, record):
+        message = record.getMessage()
+        return (record.levelno >= logging.WARNING
+                or message.startswith(('Iter(', 'Epoch('))
+                or message.startswith('mmnanhook'))
+
+
+def _quiet_runner(cfg):
+    """A Runner whose console shows only :class:`_Story`'s lines.
+
+    MMLogger's console handler takes ``sys.stdout`` when it is made, in the
+    Runner's constructor, which also logs the config and the environment:
+    made against a buffer, then pointed back at the console.
+    """
+    from mmengine.runner import Runner
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        runner = Runner.from_cfg(cfg)
+    for handler in runner.logger.handlers:
+        if getattr(handler, 'stream', None) is buffer:
+            handler.setStream(sys.stdout)
+            handler.addFilter(_Story())
+            handler.setFormatter(logging.Formatter('%(message)s'))
+    return runner
+
+
+def _where_it_is(error, runner):
+    bundle = error.bundle
+    _say('== bundle:   {}'.format(bundle))
+    _say('   report:   {}'.format(osp.join(bundle, 'report.html')))
+    for picture in sorted(glob.glob(osp.join(bundle, 'sample*.png'))):
+        _say('   picture:  {}'.format(picture))
+    _say('   plot:     {}'.format(osp.join(bundle, 'history.png')))
+    _say('   replay:   mmnan replay {}'.format(bundle))
+    _say('   inspect:  mmnan inspect {}  (--open: the report in a '
+         'browser)'.format(bundle))
+    _say('   full log: {}'.format(
+        osp.join(runner.log_dir, runner.timestamp + '.log')))
+
+
 def run_demo(dota=False, work_dir=None):
     """Run the demo; returns the exit code (0 when the hook caught it).
 
@@ -56,8 +108,6 @@ def run_demo(dota=False, work_dir=None):
         work_dir (str, optional): Where data, logs and bundles go; a new
             temporary directory by default.
     """
-    from mmengine.runner import Runner
-
     config, defect, why = _SETUPS[bool(dota)]
     work_dir = work_dir or tempfile.mkdtemp(prefix='mmnan_demo_')
     data = demo_dataset(dota, osp.join(work_dir, 'data'))
@@ -72,19 +122,16 @@ def run_demo(dota=False, work_dir=None):
     _say('   training up to {} iterations with NanDetectHook ...'.format(
         MAX_ITERS))
     _say()
+    runner = _quiet_runner(cfg)
     try:
-        Runner.from_cfg(cfg).train()
+        runner.train()
     except NonFiniteError as error:
         _say()
-        _say('== NanDetectHook stopped training before the optimizer step:')
-        _say(str(error))
+        _say('== NanDetectHook stopped training at iter {}, before the '
+             'optimizer step:'.format(error.iter))
+        _say('   ' + str(error).splitlines()[-2 if error.bundle else -1])
         if error.bundle:
-            _say()
-            _say('== bundle:   {}'.format(error.bundle))
-            _say('   plot:     {}'.format(osp.join(error.bundle,
-                                                   'history.png')))
-            _say('   replay:   mmnan replay {}'.format(error.bundle))
-            _say('   inspect:  mmnan inspect {}'.format(error.bundle))
+            _where_it_is(error, runner)
         return 0
     _say('== training finished without a trigger: the planted defect never '
          'reached the loss in {} iterations'.format(MAX_ITERS))

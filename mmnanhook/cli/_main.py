@@ -7,6 +7,7 @@ came out finite.
 import argparse
 import json
 import logging
+import os
 import sys
 
 from ..errors import BundleError
@@ -46,9 +47,11 @@ def _replay(args):
 
 
 def _inspect(args):
-    from ..bundle import load_bundle
+    from ..bundle import REPORT_HTML, load_bundle
     from ..report import format_report
     bundle = load_bundle(args.bundle)
+    if args.html or args.open:
+        return _html(bundle, REPORT_HTML, args.open)
     m = bundle.manifest
     lines = ['bundle:     {}'.format(bundle.path)]
     for key in ('iter', 'epoch', 'rank', 'world_size', 'trigger', 'grad_norm',
@@ -75,6 +78,21 @@ def _inspect(args):
     return EXIT_OK
 
 
+def _html(bundle, name, open_it):
+    """Print the path of a bundle's ``report.html`` (and open it)."""
+    if name not in bundle.files:
+        raise BundleError('{} has no {} (an older mmnanhook wrote '
+                          'it)'.format(bundle.path, name))
+    path = os.path.abspath(os.path.join(bundle.path, name))
+    print(path)
+    if open_it:
+        import webbrowser
+        if not webbrowser.open('file://' + path):
+            print('mmnan inspect: no browser to open it with; open the path '
+                  'above', file=sys.stderr)
+    return EXIT_OK
+
+
 def _bad_input(command, error):
     print('mmnan {}: error: {}'.format(command, error), file=sys.stderr)
     return EXIT_BAD_INPUT
@@ -83,13 +101,16 @@ def _bad_input(command, error):
 def _scan(args):
     from ._scan import ScanError, scan_config
     try:
-        total, bad = scan_config(args.config, progress=not args.no_progress)
+        total, bad, shown = scan_config(
+            args.config, progress=not args.no_progress, show=args.show)
     except ScanError as error:
         return _bad_input('scan', error)
     for item in bad:
         print('sample {} {}:'.format(item.index, item.img_path))
         for problem in item.problems:
             print('    ' + problem.text)
+        for path in shown.get(item.index, ()):
+            print('    picture: ' + path)
     print('scanned {} samples: {} with invalid ground truth'.format(
         total, len(bad)))
     return EXIT_FOUND if bad else EXIT_OK
@@ -121,6 +142,10 @@ def build_parser():
     p = sub.add_parser('inspect', help='show the manifest and report of a '
                        'bundle')
     p.add_argument('bundle')
+    p.add_argument('--html', action='store_true',
+                   help='print the path of the bundle\'s report.html')
+    p.add_argument('--open', action='store_true',
+                   help='open report.html in a browser (implies --html)')
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser('scan', help='pre-flight: run the train pipeline of a '
@@ -128,6 +153,8 @@ def build_parser():
                        'when any)')
     p.add_argument('config')
     p.add_argument('--no-progress', action='store_true')
+    p.add_argument('--show', metavar='DIR', default=None,
+                   help='write pictures of every flagged sample into DIR')
     p.set_defaults(func=_scan)
 
     p = sub.add_parser('demo', help='train a tiny detector on a synthetic '

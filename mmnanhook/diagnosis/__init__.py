@@ -12,17 +12,16 @@
   finding tensors, reading stack frames.
 * :mod:`._incident`: on a trigger in training, the diagnosis and the bundle.
 """
-from ._data import (angle_range_from_config, annotations, batch_size,
-                    check_batch, check_boxes, declared_size, declared_sizes,
-                    split_batch)
+from ._data import (angle_range_from_config, annotation_of, annotations,
+                    batch_size, check_batch, check_boxes, declared_size,
+                    declared_sizes, split_batch)
 from ._diagnose import diagnose
 from ._divergence import apply_divergence, divergence_evidence
 from ._incident import default_dump_dir, handle_incident
 
 __all__ = [
-    'angle_range_from_config', 'annotations', 'apply_divergence',
-    'batch_size',
-    'check_batch', 'check_boxes', 'divergence_evidence',
-    'declared_size', 'declared_sizes', 'default_dump_dir', 'diagnose',
+    'angle_range_from_config', 'annotation_of', 'annotations',
+    'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
+    'divergence_evidence', 'declared_size', 'declared_sizes', 'default_dump_dir', 'diagnose',
     'handle_incident', 'split_batch'
 ]

@@ -332,14 +332,19 @@ def annotations(dataset, data_batch):
         info = dataset.get_data_info(index)
         i = wanted.pop(str(info.get('img_path')), None)
         if i is not None:
-            boxes = [[float(v) for v in inst['bbox']]
-                     for inst in info.get('instances') or []
-                     if 'bbox' in inst]
-            found[i] = dict(declared=declared_size(dataset, info),
-                            boxes=boxes)
+            found[i] = annotation_of(dataset, info)
         if not wanted:
             break
     return found
+
+
+def annotation_of(dataset, info):
+    """What one data info says of its image: ``{'declared': (width,
+    height) | None, 'boxes': [[...], ...]}``, boxes as annotated (in the
+    file's own coordinates)."""
+    boxes = [[float(v) for v in inst['bbox']]
+             for inst in info.get('instances') or [] if 'bbox' in inst]
+    return dict(declared=declared_size(dataset, info), boxes=boxes)
 
 
 def declared_sizes(found):

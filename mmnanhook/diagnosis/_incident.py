@@ -102,7 +102,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     if apply_divergence(report, divergence):
         finalize(report)
     text = format_report(report)
-    print_log('mmnanhook diagnosis:\n' + text, logger='current',
+    print_log(text, logger='current',
               level=logging.ERROR)
     path = None
     pictures = _pictures(model, data_batch, report, found)

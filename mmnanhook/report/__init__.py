@@ -10,7 +10,8 @@ one-line summary, its hints and its text.
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
 from ._hints import make_hints
 from ._html import render_html
-from ._pictures import Picture, report_card, sample_pictures
+from ._pictures import (Picture, finding_pictures, pipeline_image, report_card,
+                        sample_pictures)
 from ._summary import summarize
 from ._text import format_report
 
@@ -33,6 +34,7 @@ def finalize(report):
 
 __all__ = [
     'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'finalize',
-    'format_report', 'make_hints', 'new_report', 'render_html',
-    'report_card', 'sample_pictures', 'summarize'
+    'finding_pictures', 'format_report', 'make_hints', 'new_report',
+    'pipeline_image', 'render_html', 'report_card', 'sample_pictures',
+    'summarize'
 ]

@@ -62,7 +62,7 @@ def source_lines(location, context=3):
 def _where(report):
     rows = [(key, getattr(report, key)) for key in ('module', 'op',
                                                       'location', 'code')]
-    parts = ['<table>'] + [
+    parts = ['<table id="where">'] + [
         '<tr><th>{}</th><td><code>{}</code></td></tr>'.format(k, _e(v))
         for k, v in rows if v is not None] + ['</table>']
     found = source_lines(report.location)
@@ -110,8 +110,10 @@ def _samples(report, pictures):
                          for p in sample.problems) or
                          '<li>no data problem found</li>'))
     for picture in pictures:
-        parts.append('<figure>{}<figcaption>{}</figcaption></figure>'.format(
-            _image(picture.png(), picture.title), _e(picture.title)))
+        parts.append('<figure id="{}">{}<figcaption>{}</figcaption>'
+                     '</figure>'.format(_e(picture.name),
+                                        _image(picture.png(), picture.title),
+                                        _e(picture.title)))
     return '\n'.join(parts)
 
 

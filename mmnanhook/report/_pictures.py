@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 import torch
 
+from .. import compat
 from ..diagnosis._data import _as_box_tensor, _rbox_corners
 from ..records import DataProblem
 
@@ -79,7 +80,7 @@ def _polygons(boxes):
         pts = _rbox_corners(t)
     else:
         pts = t.view(-1, 4, 2)
-    pts = torch.nan_to_num(pts, nan=0.0, posinf=1e4, neginf=-1e4)
+    pts = compat.nan_to_num(pts, nan=0.0, posinf=1e4, neginf=-1e4)
     return kind, [p.round().to(torch.int64).numpy() for p in pts]
 
 
@@ -162,15 +163,12 @@ def _denormalized(model, data_batch):
         x = x * preprocessor.std.cpu() + preprocessor.mean.cpu()
     if getattr(preprocessor, '_channel_conversion', False) and x.shape[1] == 3:
         x = x[:, [2, 1, 0]]  # back to the BGR the loader gave
-    images = x.clamp(0, 255).round().to(torch.uint8).permute(0, 2, 3, 1)
     result = []
     for i, sample in enumerate(samples):
-        image = np.ascontiguousarray(images[i].numpy())
+        image = pipeline_image(x[i].round())
         shape = getattr(sample, 'metainfo', {}).get('img_shape')
         if shape is not None:
             image = image[:int(shape[0]), :int(shape[1])]  # padding off
-        if image.shape[2] == 1:
-            image = np.repeat(image, 3, axis=2)
         result.append((np.ascontiguousarray(image), sample))
     return result
 
@@ -215,13 +213,51 @@ def _file_picture(index, path, annotation):
     return Picture(index, 'file', title, canvas)
 
 
+def finding_pictures(finding, image=None, sample=None, annotation=None):
+    """The pictures of one implicated sample.
+
+    Args:
+        finding (SampleFinding): The sample (``index`` names the pictures).
+        image (numpy.ndarray, optional): ``H x W x 3`` uint8 BGR, the image
+            as the model saw it; no ``input`` picture without it.
+        sample (DetDataSample, optional): Its data sample (GT boxes in the
+            coordinates of ``image``).
+        annotation (dict, optional): ``{'declared': (w, h), 'boxes':
+            [[...], ...]}`` from the dataset, for the ``file`` picture.
+
+    Returns:
+        list[Picture]: ``input`` and (file readable) ``file`` pictures.
+    """
+    pictures = []
+    if image is not None:
+        pictures.append(_input_picture(finding.index, image, sample,
+                                       finding.problems))
+    path = finding.img_path
+    if path and osp.isfile(path):
+        picture = _file_picture(finding.index, path, annotation)
+        if picture is not None:
+            pictures.append(picture)
+    return pictures
+
+
+def pipeline_image(inputs):
+    """A pipeline's packed ``C x H x W`` image tensor as ``H x W x 3``
+    uint8 (the channel order the loader gave)."""
+    image = inputs.detach().cpu().clamp(0, 255).to(torch.uint8)
+    image = np.ascontiguousarray(image.permute(1, 2, 0).numpy())
+    if image.shape[2] == 1:
+        image = np.repeat(image, 3, axis=2)
+    return image
+
+
 def sample_pictures(model, data_batch, samples, annotations=None):
-    """Pictures of the implicated samples.
+    """Pictures of the implicated samples of a batch.
 
     Args:
         model (BaseModel): The (unwrapped) model, for its data preprocessor.
         data_batch (dict): The raw batch.
-        samples (list[SampleFinding]): The samples to draw.
+        samples (list[SampleFinding]): The samples to draw (``index``: the
+            position in the batch).
         annotations (list, optional): Per batch sample, ``{'declared':
             (w, h), 'boxes': [[...], ...]}`` from the dataset, or ``None``.
 
@@ -232,17 +268,11 @@ def sample_pictures(model, data_batch, samples, annotations=None):
     pictures = []
     for finding in samples:
         i = finding.index
-        if seen is not None and 0 <= i < len(seen):
-            image, sample = seen[i]
-            pictures.append(_input_picture(i, image, sample,
-                                           finding.problems))
-        path = finding.img_path
-        if path and osp.isfile(path):
-            annotation = (annotations[i] if annotations
-                          and i < len(annotations) else None)
-            picture = _file_picture(i, path, annotation)
-            if picture is not None:
-                pictures.append(picture)
+        image, sample = (seen[i] if seen is not None and 0 <= i < len(seen)
+                         else (None, None))
+        annotation = (annotations[i] if annotations
+                      and 0 <= i < len(annotations) else None)
+        pictures.extend(finding_pictures(finding, image, sample, annotation))
     return pictures
 
 

@@ -28,6 +28,17 @@ def replace_listed_file(path, name, data):
     _rewrite_manifest(path, edit)
 
 
+def drop_listed_file(path, name):
+    """Remove a file and its manifest entry, as a bundle written without it
+    (by an older mmnanhook) would be."""
+    os.remove(osp.join(path, name))
+
+    def edit(manifest):
+        manifest['files'] = [e for e in manifest['files'] if e['name'] != name]
+
+    _rewrite_manifest(path, edit)
+
+
 def _replace_text(file_path, text):
     with open(file_path, 'w') as f:
         f.write(text)

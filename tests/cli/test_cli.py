@@ -19,6 +19,8 @@ import sys
 import sysconfig
 import uuid
 
+import cv2
+import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
@@ -29,7 +31,8 @@ from mmnanhook.bundle import load_bundle
 from mmnanhook.sentinel import capture_rng, restore_rng
 from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
 from mmnanhook.testing import testbed
-from mmnanhook.testing.bundles import CORRUPTIONS, replace_listed_file
+from mmnanhook.testing.bundles import (CORRUPTIONS, drop_listed_file,
+                                       replace_listed_file)
 from mmnanhook.testing.cli import (PROJECT_DIR, assert_bad_input,
                                    assert_same_report, mmnan, replay_json,
                                    run_report)
@@ -190,6 +193,20 @@ def test_inspect_shows_the_manifest_and_the_report(subset_bundle):
     assert report['summary'] in result.stdout
 
 
+def test_inspect_html_prints_the_path_of_report_html(subset_bundle,
+                                                     tmp_path):
+    result = mmnan('inspect', '--html', subset_bundle)
+    assert result.returncode == 0, result.stderr
+    path = result.stdout.strip()
+    assert path == osp.abspath(osp.join(subset_bundle, 'report.html'))
+    with open(path) as f:
+        assert run_report(subset_bundle)['summary'] in f.read()
+    older = _copy(subset_bundle, tmp_path)
+    drop_listed_file(older, 'report.html')
+    assert_bad_input(mmnan('inspect', '--html', older), 'inspect',
+                     '{} has no report.html'.format(older))
+
+
 # -- bad input: exit 2, one line, no traceback -------------------------------
 
 
@@ -233,13 +250,13 @@ def test_bad_input_exits_2_with_one_line(subset_bundle, tmp_path, case):
 # -- scan --------------------------------------------------------------------
 
 
-def _scan(config, data, tmp_path):
+def _scan(config, data, tmp_path, *flags):
     """``mmnan scan`` of a tiny config pointed at ``data``, dumped to a file.
     """
     cfg = testbed.tiny_config(config, data, str(tmp_path / 'run'))
     path = str(tmp_path / 'config.py')
     cfg.dump(path)
-    return mmnan('scan', path)
+    return mmnan('scan', path, *flags)
 
 
 def _flagged(stdout):
@@ -277,6 +294,49 @@ def test_scan_names_exactly_the_bad_images(tmp_path, config, defects):
     assert _flagged(result.stdout) == bad
     assert '    the pipeline failed: FileNotFoundError' in result.stdout
     assert _summary(result.stdout) == ('8', str(len(bad)))
+
+
+@pytest.mark.parametrize('config,defect', [
+    pytest.param('retinanet_voc', 'zero_size', marks=pytest.mark.mmdet,
+                 id='voc'),
+    pytest.param('rotated_retinanet', 'collinear', marks=pytest.mark.mmrotate,
+                 id='dota'),
+])
+def test_scan_show_writes_the_pictures_of_every_flagged_sample(
+        tmp_path, config, defect):
+    data = testbed.make_dataset(config, str(tmp_path / 'data'),
+                                num_images=6, defects={1: defect, 4: defect})
+    show = str(tmp_path / 'pictures')
+    result = _scan(config, data, tmp_path, '--show', show)
+    assert result.returncode == 1, result.stdout + result.stderr
+    # Dataset index -> image (DOTADataset globs its files: not data's order).
+    flagged = dict((int(i), path) for i, path in re.findall(
+        r'^sample (\d+) (.+):$', result.stdout, re.MULTILINE))
+    assert len(flagged) == 2
+    expected = sorted('sample{}_{}.png'.format(i, view) for i in flagged
+                      for view in ('input', 'file'))
+    assert sorted(os.listdir(show)) == expected
+    printed = re.findall(r'^    picture: (\S+)$', result.stdout, re.MULTILINE)
+    assert sorted(osp.basename(p) for p in printed) == expected
+    for name in expected:
+        image = cv2.imread(osp.join(show, name), cv2.IMREAD_COLOR)
+        assert image is not None and image.std() > 10, name
+    # The offending box drawn on the pipeline's output in the drawing's red
+    # (30, 30, 230): where the picture differs from the image file (the
+    # pipeline resizes, and may flip it either way), there is that red.
+    for i in flagged:
+        drawn = cv2.imread(osp.join(show, 'sample{}_input.png'.format(i)))
+        raw = cv2.resize(cv2.imread(flagged[i]),
+                         drawn.shape[1::-1], interpolation=cv2.INTER_NEAREST)
+        diff = min((np.abs(base.astype(int) - drawn.astype(int)).max(axis=2)
+                    for base in (raw, raw[:, ::-1], raw[::-1],
+                                 raw[::-1, ::-1])),
+                   key=lambda d: d.mean())
+        changed = diff > 40
+        assert changed.mean() < 0.1, i
+        red = changed & (np.abs(drawn.astype(int) - (30, 30, 230)) <= 25).all(
+            axis=2)
+        assert red.sum() > 20, i
 
 
 def _declare_size(data, image, factor):

@@ -38,8 +38,17 @@ def test_demo_finds_the_planted_defect_and_its_bundle_replays(tmp_path,
 
     bundle = re.search(r'^ +replay: +mmnan replay (\S+)$', out,
                        re.MULTILINE).group(1)
-    plot = re.search(r'^ +plot: +(\S+)$', out, re.MULTILINE).group(1)
-    assert osp.isfile(plot)
+    for label in ('plot', 'report', 'picture', 'full log'):
+        path = re.search(r'^ +{}: +(\S+)$'.format(label), out,
+                         re.MULTILINE).group(1)
+        assert osp.isfile(path), label
+    # A story, not MMEngine's config dump and hook table: those are in the
+    # full log only.
+    assert len(out.splitlines()) < 60, out
+    assert 'Config:' not in out and 'Hooks will be executed' not in out
+    with open(path) as f:
+        full = f.read()
+    assert 'Config:' in full and 'Hooks will be executed' in full
     code, report = replay_json(bundle)
     assert code == 0
     assert_same_report(report, run_report(bundle))

@@ -1,0 +1,94 @@
+"""Tier-1 overhead on a GPU: SmallResNet (mmnanhook.testing.cuda_toy) under
+the real AmpOptimWrapper (fp16, dynamic loss scale), with and without
+NanDetectHook. Paired and interleaved: each repeat trains one run of each,
+alternating which goes first; per run the median iteration time after the
+warm-up (a CUDA synchronize closes every iteration in both variants); the
+figure is the median over repeats of the paired ratio.
+
+Usage (on a device machine, by scripts/device_check.sh)::
+
+    python benchmarks/cuda_overhead.py --json overhead.json
+"""
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+
+def _iteration_times(hook, iters, width, work_dir):
+    import torch
+    from mmengine.hooks import Hook
+
+    from mmnanhook.testing.cuda_toy import SmallResNet
+    from mmnanhook.testing.toy import make_runner
+
+    times = []
+
+    class Timer(Hook):
+        priority = 'LOWEST'
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            torch.cuda.synchronize()
+            self.start = time.perf_counter()
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None,
+                             outputs=None):
+            torch.cuda.synchronize()
+            times.append(time.perf_counter() - self.start)
+
+    optim = dict(type='AmpOptimWrapper', dtype='float16',
+                 loss_scale='dynamic',
+                 optimizer=dict(type='SGD', lr=0.01, momentum=0.9))
+    runner = make_runner(work_dir, model=SmallResNet(width=width),
+                         optim_wrapper=optim, hook=hook, max_iters=iters,
+                         n=2 * iters)
+    runner.register_hook(Timer())
+    runner.train()
+    return times
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--iters', type=int, default=60)
+    parser.add_argument('--warmup', type=int, default=10)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--width', type=int, default=256)
+    parser.add_argument('--json', help='write the figures here')
+    args = parser.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print('no CUDA device')
+        return 2
+    import mmnanhook  # noqa: F401 - registers NanDetectHook
+    ratios, base, hooked = [], [], []
+    for repeat in range(args.repeats):
+        order = [None, dict(type='NanDetectHook')]
+        if repeat % 2:
+            order.reverse()
+        result = {}
+        for hook in order:
+            times = _iteration_times(hook, args.iters, args.width,
+                                     tempfile.mkdtemp(prefix='mmnan_cuda_'))
+            result[hook is None] = statistics.median(times[args.warmup:])
+        base.append(result[True])
+        hooked.append(result[False])
+        ratios.append(result[False] / result[True])
+    figures = dict(
+        gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
+        model='SmallResNet width %d, batch 2, fp16 AmpOptimWrapper' %
+        args.width, iters=args.iters, warmup=args.warmup,
+        repeats=args.repeats, iter_ms_without=1e3 * statistics.median(base),
+        iter_ms_with=1e3 * statistics.median(hooked),
+        median_ratio=statistics.median(ratios),
+        ratios=ratios)
+    print(json.dumps(figures, indent=2))
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(figures, f, indent=2)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

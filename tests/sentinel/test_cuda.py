@@ -1,0 +1,87 @@
+"""The CUDA path: the real ``AmpOptimWrapper`` (fp16, dynamic loss scale)
+on a GPU. Needs torch + mmengine only; run by ``make device-check`` on a
+device machine (``scripts/device_check.sh``), skipped elsewhere.
+
+When ``MMNAN_DEVICE_OUT`` is set, the bundle of the fp16-range test is
+copied there: the CPU test ``tests/cli/test_cuda_bundle.py`` replays it.
+"""
+import os
+import shutil
+
+import pytest
+import torch
+
+from mmnanhook.testing.cuda_toy import SmallResNet
+from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
+                                   make_runner, train_error)
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason='no CUDA device: AmpOptimWrapper with fp16 '
+                       'runs on a GPU only (make device-check)'),
+]
+
+
+def amp(**kwargs):
+    cfg = dict(type='AmpOptimWrapper', dtype='float16', loss_scale='dynamic',
+               optimizer=dict(type='SGD', lr=0.01, momentum=0.9))
+    cfg.update(kwargs)
+    return cfg
+
+
+def _runner(tmp_path, faults=None, hook=None, **kwargs):
+    return make_runner(tmp_path, faults=faults, model=SmallResNet(),
+                       hook=dict(hook or {}, type='NanDetectHook',
+                                 dump_dir=str(tmp_path / 'dumps')),
+                       **kwargs)
+
+
+def _scales(runner):
+    return list(runner.message_hub.get_scalar('train/loss_scale').data[0])
+
+
+@pytest.mark.parametrize('anomaly', ['on_trigger', 'always'])
+def test_ordinary_overflows_are_skipped_without_a_trigger(tmp_path, anomaly):
+    # A scale of 2**40 overflows fp16 gradients: GradScaler skips and halves
+    # it until it fits; anomaly='always' must not turn that into a crash.
+    runner = _runner(tmp_path, hook=dict(anomaly=anomaly),
+                     optim_wrapper=amp(loss_scale=dict(init_scale=2.0**40)),
+                     max_iters=8)
+    runner.train()
+    scales = _scales(runner)
+    assert scales[0] < 2.0**40 and scales == sorted(scales, reverse=True)
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 0
+    assert not os.path.isdir(str(tmp_path / 'dumps'))
+
+
+def test_fp16_range_overflow_is_diagnosed_as_overflow(tmp_path):
+    runner = _runner(tmp_path, faults={2: 'fp16_range'},
+                     optim_wrapper=amp())
+    error = train_error(runner)
+    assert error.iter == 1 and error.bundle is not None
+    assert error.report['kind'] == 'overflow', error.report['summary']
+    out = os.environ.get('MMNAN_DEVICE_OUT')
+    if out:
+        shutil.copytree(error.bundle, os.path.join(out, 'cuda_bundle'))
+
+
+def test_nan_that_stays_in_fp32_is_not_an_overflow(tmp_path):
+    runner = _runner(tmp_path, faults={2: 'nan'}, optim_wrapper=amp())
+    error = train_error(runner)
+    assert error.report['kind'] == 'forward', error.report['summary']
+    assert error.report['module'] in ('', None) or 'block' not in \
+        error.report['module']
+
+
+def test_skip_keeps_weights_and_scaler_state_bitwise(tmp_path):
+    probe = Probe()
+    runner = make_runner(tmp_path, faults={2: 'nan'}, model=SmallResNet(),
+                         probe=probe, optim_wrapper=amp(),
+                         hook=dict(type='NanDetectHook', policy='skip',
+                                   dump_dir=str(tmp_path / 'dumps')))
+    runner.train()
+    assert_same(probe.after[1][0], probe.before[1][0])
+    assert_state_same(probe.after[1][1], probe.before[1][1])
+    assert 'loss_scaler' in probe.after[1][1]
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
