@@ -47,6 +47,11 @@ VARIANTS = [
     ('NanDetectHook()', [dict(type='NanDetectHook')]),
     ("NanDetectHook(anomaly='always')",
      [dict(type='NanDetectHook', anomaly='always')]),
+    # Snapshots every 10 iterations (5x the default rate of one per 50), so
+    # that a short run holds several: the cost at the default interval is a
+    # fifth of its excess over NanDetectHook().
+    ("NanDetectHook(policy='rewind', snapshot_interval=10)",
+     [dict(type='NanDetectHook', policy='rewind', snapshot_interval=10)]),
 ]
 
 def _tiny(config, overrides=None):

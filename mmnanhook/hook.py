@@ -465,9 +465,10 @@ class NanDetectHook(Hook, Listener):
                 self._runner.message_hub.update_scalar(
                     'train/rewinds', self._rewinder.rewinds)
                 self._logger.warning(
-                    'mmnanhook: rewound to the state after iter %d; LR x %g '
-                    'for %d update steps' % (
-                        snapshot.iter, self._rewinder.factor,
+                    'mmnanhook: rewound to the state %s; LR x %g for %d '
+                    'update steps' % (
+                        'after iter %d' % snapshot.iter if snapshot.iter >= 0
+                        else 'training started from', self._rewinder.factor,
                         self.rewind_options.cooldown))
         return result or None
 

@@ -96,6 +96,9 @@ def plot_history(records, path, fail_iter=None):
             _plot_series(ax, iters, [record.get(field) for record in records],
                          _TITLES[field], fail_iter, spiked, rewinds)
         axes[-1, 0].set_xlabel('iteration')
+        # Iterations are whole numbers: no 0.25 ticks on a short history.
+        from matplotlib.ticker import MaxNLocator
+        axes[-1, 0].xaxis.set_major_locator(MaxNLocator(integer=True))
     # Fixed margins instead of tight_layout(), which lays out every text twice.
     figure.subplots_adjust(left=0.12, right=0.98, top=0.97, bottom=0.08,
                            hspace=0.15)

@@ -17,11 +17,11 @@ to find the samples that fail on their own.
 import math
 from collections.abc import Mapping
 
-import numpy as np
 import torch
 
-from ..records import DataProblem, ProblemCategory, SampleFinding
+from .._boxes import as_box_tensor, rbox_corners
 from .._format import format_value
+from ..records import DataProblem, ProblemCategory, SampleFinding
 from ._tensors import count_nonfinite, iter_tensors
 
 # Smallest box side in pixels that is not degenerate.  Only sides this close
@@ -43,13 +43,6 @@ _ANGLE_TOL = 1e-4
 
 # Enough to identify a bad annotation without flooding the report.
 MAX_PROBLEMS_PER_SAMPLE = 10
-
-_KIND_BY_CLASS = {
-    'HorizontalBoxes': 'hbox',
-    'RotatedBoxes': 'rbox',
-    'QuadriBoxes': 'qbox',
-}
-_KIND_BY_WIDTH = {4: 'hbox', 5: 'rbox', 8: 'qbox'}
 
 
 def angle_range_from_config(cfg):
@@ -115,32 +108,6 @@ def _image_hw(sample):
     return float(shape[0]), float(shape[1])
 
 
-def _as_box_tensor(boxes):
-    """(kind, float tensor N x D) of boxes, or (None, None)."""
-    tensor = getattr(boxes, 'tensor', boxes)
-    if isinstance(tensor, np.ndarray):
-        tensor = torch.from_numpy(tensor)
-    if not isinstance(tensor, torch.Tensor) or tensor.dim() != 2:
-        return None, None
-    kind = _KIND_BY_CLASS.get(type(boxes).__name__)
-    if kind is None:
-        kind = _KIND_BY_WIDTH.get(int(tensor.shape[-1]))
-    if kind is None:
-        return None, None
-    return kind, tensor.detach().to('cpu', torch.float64)
-
-
-def _rbox_corners(t):
-    """Corners (N, 4, 2) of (cx, cy, w, h, angle) boxes."""
-    cx, cy, w, h, a = t.unbind(-1)
-    cos, sin = torch.cos(a), torch.sin(a)
-    dx = torch.stack([w, -w, -w, w], -1) / 2
-    dy = torch.stack([h, h, -h, -h], -1) / 2
-    xs = cx[:, None] + dx * cos[:, None] - dy * sin[:, None]
-    ys = cy[:, None] + dx * sin[:, None] + dy * cos[:, None]
-    return torch.stack([xs, ys], -1)
-
-
 def _sides(kind, t):
     """(width, height, label) of each box; label names the pair in messages."""
     if kind == 'hbox':
@@ -164,7 +131,7 @@ def _extent(kind, t):
     """Axis-aligned (x1, y1, x2, y2) extent of each box."""
     if kind == 'hbox':
         return t[:, 0], t[:, 1], t[:, 2], t[:, 3]
-    pts = _rbox_corners(t) if kind == 'rbox' else t.view(-1, 4, 2)
+    pts = rbox_corners(t) if kind == 'rbox' else t.view(-1, 4, 2)
     mins, maxs = pts.min(dim=1)[0], pts.max(dim=1)[0]
     return mins[:, 0], mins[:, 1], maxs[:, 0], maxs[:, 1]
 
@@ -203,7 +170,7 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
         ``'gt box 3 has zero height (h=0)'``; empty when the boxes are fine
         or not recognised.
     """
-    kind, t = _as_box_tensor(boxes)
+    kind, t = as_box_tensor(boxes)
     if kind is None or t.shape[0] == 0:
         return []
     problems = []

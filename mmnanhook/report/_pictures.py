@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from .. import compat
-from ..diagnosis._data import _as_box_tensor, _rbox_corners
+from .._boxes import as_box_tensor, rbox_corners
 from ..records import DataProblem
 
 # BGR colours.
@@ -67,7 +67,7 @@ class Picture(object):
 
 def _polygons(boxes):
     """(kind, list of N x 2 int point arrays) of boxes, or (None, [])."""
-    kind, t = _as_box_tensor(boxes)
+    kind, t = as_box_tensor(boxes)
     if kind is None:
         return None, []
     if kind == 'hbox':
@@ -77,7 +77,7 @@ def _polygons(boxes):
                            torch.stack([x2, y2], -1),
                            torch.stack([x1, y2], -1)], 1)
     elif kind == 'rbox':
-        pts = _rbox_corners(t)
+        pts = rbox_corners(t)
     else:
         pts = t.view(-1, 4, 2)
     pts = compat.nan_to_num(pts, nan=0.0, posinf=1e4, neginf=-1e4)

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from mmnanhook import NanDetectHook, NonFiniteError
+from mmnanhook import NanDetectHook
 from mmnanhook.sentinel import SeriesBand, SpikeDetector
 from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
                                    log_text, make_runner, params,
