@@ -5,12 +5,14 @@ device machine (``scripts/device_check.sh``), skipped elsewhere.
 When ``MMNAN_DEVICE_OUT`` is set, the bundle of the fp16-range test is
 copied there: the CPU test ``tests/cli/test_cuda_bundle.py`` replays it.
 """
+import inspect
 import os
 import shutil
 
 import pytest
 import torch
 
+from mmnanhook.testing import cuda_toy
 from mmnanhook.testing.cuda_toy import SmallResNet
 from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
                                    make_runner, train_error)
@@ -35,6 +37,14 @@ def _runner(tmp_path, faults=None, hook=None, **kwargs):
                        hook=dict(hook or {}, type='NanDetectHook',
                                  dump_dir=str(tmp_path / 'dumps')),
                        **kwargs)
+
+
+def _line_of(marker):
+    """``file:line`` of the line of cuda_toy ending in ``# MARK marker``."""
+    lines, _ = inspect.findsource(cuda_toy)
+    (hit, ) = [i + 1 for i, text in enumerate(lines)
+               if text.rstrip().endswith('# MARK ' + marker)]
+    return '{}:{}'.format(inspect.getsourcefile(cuda_toy), hit)
 
 
 def _scales(runner):
@@ -70,8 +80,7 @@ def test_nan_that_stays_in_fp32_is_not_an_overflow(tmp_path):
     runner = _runner(tmp_path, faults={2: 'nan'}, optim_wrapper=amp())
     error = train_error(runner)
     assert error.report['kind'] == 'forward', error.report['summary']
-    assert error.report['module'] in ('', None) or 'block' not in \
-        error.report['module']
+    assert error.report['location'] == _line_of('nan')
 
 
 def test_skip_keeps_weights_and_scaler_state_bitwise(tmp_path):
