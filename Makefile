@@ -3,11 +3,14 @@ SHELL := /bin/bash
 # One torch thread: on 2 shared cores, two threads stall tiny-detector
 # iterations for seconds (tests, demo, benchmarks alike).
 export OMP_NUM_THREADS ?= 1
-PYTEST_ARGS ?= -ra
+# The slowest tests of each leg at the end of its log: where the time goes.
+PYTEST_ARGS ?= -ra --durations=15
 
 .PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota lint demo demo-dota
 
-setup: setup-modern setup-dota setup-browser
+## setup: both legs and the browser, at the same time.
+setup:
+	scripts/setup_all.sh
 
 setup-modern:
 	scripts/setup_leg.sh modern
@@ -22,10 +25,10 @@ setup-browser:
 lint:
 	scripts/lint.sh
 
-## test: both legs, the whole suite in each (sets them up first).
+## test: both legs at once, the whole suite in each (sets them up first);
+## each leg's log in test-logs/, printed whole at the end.
 test: setup lint
-	scripts/test_leg.sh modern $(PYTEST_ARGS)
-	scripts/test_leg.sh dota $(PYTEST_ARGS)
+	scripts/test_all.sh $(PYTEST_ARGS)
 
 test-modern: setup-modern setup-browser
 	scripts/test_leg.sh modern $(PYTEST_ARGS)

@@ -20,7 +20,7 @@ from mmengine.registry import HOOKS
 from . import compat
 from ._mmengine import unwrap_model
 from .errors import CheckBypassedError, NonFiniteError
-from .diagnosis import default_dump_dir, handle_incident
+from .diagnosis import default_dump_dir, handle_incident, largest_param
 from .options import (CheckOptions, RewindOptions, check_anomaly, check_bool,
                       check_count, check_path, is_count)
 from .diagnosis import divergence_evidence
@@ -172,6 +172,8 @@ class NanDetectHook(Hook, Listener):
         self._rewound_at = None
         # Parameter norms when the current run of spikes began.
         self._spike_norms = None
+        # The largest |weight| training started from (exploding updates).
+        self._start_weight = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -198,6 +200,7 @@ class NanDetectHook(Hook, Listener):
         self._logger = runner.logger
         self._step = {}
         self._spike_norms = None
+        self._start_weight = (largest_param(module) or {}).get('max_abs')
         self._rewinder = None
         if opts.rewinds:
             self._rewinder = Rewinder(self.rewind_options)
@@ -541,7 +544,8 @@ class NanDetectHook(Hook, Listener):
             dump_dir=self.dump_dir or default_dump_dir(runner),
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
-            anomaly=self.anomaly != 'never', divergence=evidence)
+            anomaly=self.anomaly != 'never', divergence=evidence,
+            start_weight=self._start_weight)
         self._visualize(event, result)
         # What the diagnosis allocated is free now: give it back.
         compat.trim_heap()

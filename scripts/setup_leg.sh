@@ -19,40 +19,13 @@ find_python() {  # find_python MAJOR.MINOR
     command -v "python$v" 2>/dev/null || return 1
 }
 
-case $leg in
-modern)
-    venv=.venv
-    py_minor=3.11
-    torch_pin=torch==2.13.0           # the CPU build that lies on this machine's disk
-    mmengine_pin=mmengine==0.10.7
-    mmcv_version=2.1.0                # newest mmcv mmdet 3.3 accepts (<2.2); compiles with C++17
-    # mmseg imports ftfy and regex unconditionally (its tokenizer). mmpretrain
-    # cannot be installed in either leg (see tests/conftest.py).
-    extra_pins=(mmdet==3.3.0 mmsegmentation==1.2.2 ftfy==6.3.1 regex==2026.11.19)
-    test_pins=(pytest tensorboard==2.21.0)
-    ;;
-dota)
-    # shellcheck disable=SC1091
-    . docker/versions.env
-    venv=.venv-dota
-    py_minor=$PYTHON_VERSION
-    torch_pin=torch==$TORCH_VERSION   # PyPI wheel (CUDA 10.2 build), runs on CPU
-    mmengine_pin=mmengine==$MMENGINE_VERSION
-    mmcv_version=$MMCV_VERSION
-    # numpy pinned (1.23.x): e2cnn, an mmrotate 1.0.0rc1 dependency, still uses the
-    # np.float alias that numpy 1.24 removed.
-    extra_pins=("torchvision==$TORCHVISION_VERSION" "numpy==$NUMPY_VERSION" "pillow==$PILLOW_VERSION"
-                "mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION")
-    # The newest tensorboard for Python 3.8 (tests read event files back).
-    test_pins=(pytest tensorboard==2.14.0)
-    ;;
-*) echo "unknown leg $leg (modern|dota)" >&2; exit 2 ;;
-esac
+# shellcheck source=scripts/leg.sh
+. scripts/leg.sh
+leg_config "$leg"
 
 if ! py=$(find_python "$py_minor"); then
     if [ "$leg" = dota ]; then
-        echo "[setup dota] skipped: no Python $py_minor (pyenv or python$py_minor on PATH); the DOTA leg does not run"
-        exit 0
+        missing_leg "setup dota" "no Python $py_minor (pyenv or python$py_minor on PATH)"
     fi
     echo "[setup $leg] ERROR: no Python $py_minor found (pyenv or python$py_minor on PATH)" >&2
     exit 1

@@ -5,15 +5,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 leg=${1:?usage: test_leg.sh modern|dota [pytest args]}
 shift
-case $leg in
-modern) venv=.venv ;;
-dota) venv=.venv-dota ;;
-*) echo "unknown leg $leg" >&2; exit 2 ;;
-esac
+# shellcheck source=scripts/leg.sh
+. scripts/leg.sh
+leg_config "$leg"
 if [ ! -x "$venv/bin/python" ]; then
-    # setup_leg.sh leaves no DOTA venv only when it printed "skipped: no Python 3.8".
-    if [ "$leg" = dota ]; then echo "[test dota] skipped: no Python 3.8"; exit 0; fi
+    # setup_leg.sh leaves no DOTA venv only when it said the leg is skipped.
+    if [ "$leg" = dota ]; then missing_leg "test dota" "$venv is missing (no Python $py_minor)"; fi
     echo "[test $leg] ERROR: $venv is missing; run make setup" >&2; exit 1
 fi
 echo "[test $leg] $("$venv/bin/python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)')"
+# The leg's own stack must import (tests/conftest.py fails the run otherwise).
+export MMNANHOOK_LEG_REQUIRES=$requires
 exec "$venv/bin/python" -m pytest "$@"

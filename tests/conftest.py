@@ -1,4 +1,6 @@
 import importlib
+import os
+import traceback
 
 import pytest
 import torch
@@ -26,17 +28,39 @@ _SKIP_REASONS = {
 _MODULES = {'mmpretrain': 'mmpretrain.datasets'}
 
 
-def _importable(name):
+def _import_error(name):
+    """The traceback of importing ``name`` and ``mmcv.ops``, or None."""
     try:
         importlib.import_module(_MODULES.get(name, name))
         importlib.import_module('mmcv.ops')
-        return True
-    except Exception:  # noqa: BLE001 - any import failure means "not here"
-        return False
+        return None
+    except Exception:  # noqa: BLE001 - reported or turned into a skip
+        return traceback.format_exc()
+
+
+def _required():
+    """The markers whose packages this leg installs by design.
+
+    ``scripts/test_leg.sh`` sets them from ``scripts/leg.sh``: there a broken
+    install is an error, not a skip. A plain ``pytest`` (no leg) skips.
+    """
+    names = os.environ.get('MMNANHOOK_LEG_REQUIRES', '')
+    return [n for n in names.split(',') if n]
 
 
 def pytest_collection_modifyitems(config, items):
-    available = {name: _importable(name) for name in _SKIP_REASONS}
+    errors = {name: _import_error(name) for name in _SKIP_REASONS}
+    broken = [name for name in _required()
+              if errors.get(name, 'not a marker of tests/conftest.py')]
+    if broken:
+        raise pytest.UsageError(
+            'this leg installs %s by design, but it does not import '
+            '(MMNANHOOK_LEG_REQUIRES=%s):\n%s' % (
+                ', '.join(broken), os.environ['MMNANHOOK_LEG_REQUIRES'],
+                '\n'.join('%s: %s' % (n, errors.get(
+                    n, 'not a marker of tests/conftest.py'))
+                          for n in broken)))
+    available = {name: errors[name] is None for name in _SKIP_REASONS}
     for item in items:
         for name, reason in _SKIP_REASONS.items():
             if item.get_closest_marker(name) and not available[name]:

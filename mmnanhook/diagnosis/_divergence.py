@@ -16,6 +16,11 @@ _RISING = 3
 _BLOWUP_FACTOR = 10.0
 # How many grown parameters the report names.
 _GROWN = 5
+# An update that made the largest weight this many times what it was when
+# training started is an exploding update, even with no rise of the loss
+# before it: one step at a far too high LR goes from sane weights straight to
+# an overflow, before any history exists.
+_WEIGHT_FACTOR = 1e3
 
 
 def _finite(value):
@@ -107,6 +112,41 @@ def divergence_evidence(records, spikes, reference_norms=None,
                        and grad_median > 0 else None),
         amp=bool(amp))
     return evidence
+
+
+def weight_evidence(records, largest, start, amp=False):
+    """Divergence evidence from the growth of the largest weight.
+
+    Args:
+        records (list[dict]): History records, oldest first, the trigger's
+            iteration last.
+        largest (dict, optional): ``name`` and ``max_abs`` of the largest
+            finite weight now (the report's ``largest_param``).
+        start (float, optional): The largest ``|weight|`` when training
+            started.
+        amp (bool): Whether the run used AMP.
+
+    Returns:
+        dict | None: As :func:`divergence_evidence`, with ``series``
+        ``'weights'`` and ``began_at`` the last update step applied before
+        the trigger; ``None`` when the weights did not blow up.
+    """
+    now = (largest or {}).get('max_abs')
+    if not (_finite(now) and _finite(start) and start > 0
+            and now >= _WEIGHT_FACTOR * start):
+        return None
+    earlier = records[:-1]
+    began = earlier[-1]['iter'] if earlier else records[-1]['iter']
+    # The gradient norms from before the exploding update, for a clip value.
+    norms = sorted(r['grad_norm'] for r in earlier
+                   if r['iter'] < began and _finite(r.get('grad_norm')))
+    median = norms[len(norms) // 2] if norms else None
+    return dict(
+        began_at=began, series='weights', factor=now / start, value=now,
+        median=start, lr=_lr_at(records, began), spikes=0,
+        grown=[dict(name=largest['name'], before=start, after=now,
+                    ratio=now / start)],
+        clip_max_norm=2.0 * median if median else None, amp=bool(amp))
 
 
 def apply_divergence(report, evidence):

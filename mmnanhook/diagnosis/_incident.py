@@ -20,7 +20,7 @@ from ..report import finalize, format_report, render_html, sample_pictures
 from ..sentinel import restore_rng
 from ._data import angle_range_from_config, annotations, declared_sizes
 from ._diagnose import diagnose
-from ._divergence import apply_divergence
+from ._divergence import apply_divergence, weight_evidence
 
 
 def _amp_dtype(optim_wrapper):
@@ -54,7 +54,7 @@ def _annotations(runner, data_batch):
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     dump_dir, max_dumps, replay, dump_optimizer,
-                    anomaly=True, divergence=None):
+                    anomaly=True, divergence=None, start_weight=None):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -70,6 +70,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         anomaly (bool): Use anomaly mode in the replay.
         divergence (dict, optional): Evidence of a divergence before the
             trigger (:func:`~mmnanhook.diagnosis.divergence_evidence`).
+        start_weight (float, optional): The largest ``|weight|`` when
+            training started: a weight grown far beyond it is evidence of a
+            divergence too (:func:`weight_evidence`).
 
     Returns:
         dict: ``bundle`` (path or None), ``summary``, ``report``, and
@@ -99,6 +102,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     type(error).__name__, error))
     else:
         report = _unreplayed_report('no replay (replay=False)')
+    if divergence is None:
+        divergence = weight_evidence(history_records, report.largest_param,
+                                     start_weight, amp=amp_dtype is not None)
     if apply_divergence(report, divergence):
         finalize(report)
     text = format_report(report)

@@ -16,7 +16,9 @@ def _nonfinite_names(named_tensors):
             if first_nonfinite([tensor]) is not None]
 
 
-def _largest_param(model):
+def largest_param(model):
+    """The finite parameter of largest magnitude: ``name``, ``max_abs``
+    (a host sync per parameter: failure path, or once per run)."""
     best = None
     for name, param in model.named_parameters():
         if not param.is_floating_point() or param.numel() == 0:
@@ -94,6 +96,6 @@ def scan_state(report, model, optimizer_state):
             'failing forward wrote them; train-mode forward does not read '
             'them'.format(len(stats), ', '.join(stats[:3]),
                           ', ...' if len(stats) > 3 else ''))
-    report.largest_param = _largest_param(model)
+    report.largest_param = largest_param(model)
     report.optimizer_state = _optimizer_state_problems(
         optimizer_state, model)

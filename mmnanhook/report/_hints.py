@@ -3,7 +3,7 @@ import math
 
 from .._format import format_value
 from ..records import ProblemCategory
-from ._summary import _names
+from ._summary import _names, divergence_words
 
 # Weights this large in a network that trained normally so far are the
 # footprint of exploding updates (initialised weights are O(1)).
@@ -191,8 +191,7 @@ def _divergence_hints(report):
         'The {} blew up from iter {} on{}: lower the learning rate{} or '
         'lengthen the warmup (`param_scheduler` LinearLR with a larger '
         '`end`, e.g. 1000 iterations).'.format(
-            {'loss': 'loss', 'grad_norm': 'gradient norm'}.get(
-                d.get('series'), d.get('series')), d.get('began_at'),
+            divergence_words(d)[0], d.get('began_at'),
             ' (lr {} there)'.format(format_value(lr)) if lr is not None
             else '',
             ' (e.g. optim_wrapper.optimizer.lr={})'.format(
@@ -205,12 +204,14 @@ def _divergence_hints(report):
             'the iterations before).'.format(format_value(clip)))
     grown = d.get('grown') or []
     if grown:
-        hints.append('The parameter norms that grew most since the last good '
-                     'state: {}.'.format(', '.join(
-                         '{} ({} -> {})'.format(g['name'],
-                                                format_value(g['before']),
-                                                format_value(g['after']))
-                         for g in grown)))
+        weights = d.get('series') == 'weights'
+        hints.append('The {} that grew most since {}: {}.'.format(
+            'weights' if weights else 'parameter norms',
+            'training started' if weights else 'the last good state',
+            ', '.join('{} ({} -> {})'.format(g['name'],
+                                             format_value(g['before']),
+                                             format_value(g['after']))
+                      for g in grown)))
     if d.get('amp'):
         hints.append('Under AMP a diverging run also drives the loss scale '
                      'down: keep `loss_scale=\'dynamic\'` and check '

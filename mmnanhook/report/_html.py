@@ -10,6 +10,7 @@ import html
 import linecache
 
 from .._format import format_value
+from ._summary import divergence_words
 
 _STYLE = '''
 body { font: 14px/1.45 -apple-system, "Segoe UI", Helvetica, Arial,
@@ -121,10 +122,11 @@ def _divergence(report):
     d = report.divergence
     if not d:
         return ''
+    name, over = divergence_words(d)
     rows = [('began at iteration', d.get('began_at')),
-            ('series', d.get('series')),
+            ('series', name),
             ('value', format_value(d.get('value'))),
-            ('factor over the median', format_value(d.get('factor'))),
+            ('factor', '{}x {}'.format(format_value(d.get('factor')), over)),
             ('lr there', format_value(d.get('lr'))),
             ('spikes before the trigger', d.get('spikes'))]
     grown = ''.join('<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>'

@@ -150,13 +150,28 @@ def summarize(report):
         _nonfinite_kind(report.forward), _where(report), _symptom(report))
 
 
+# What each series of a divergence is called, and what its factor is over.
+_SERIES = {'loss': 'loss', 'grad_norm': 'gradient norm',
+           'weights': 'largest weight'}
+
+
+def divergence_words(divergence):
+    """``(series name, what the factor is over)`` of a divergence record,
+    e.g. ``('gradient norm', 'its median 1.3')``."""
+    series = divergence.get('series')
+    median = format_value(divergence.get('median'))
+    if series == 'weights':
+        return (_SERIES[series],
+                'the largest when training started, {}'.format(median))
+    return _SERIES.get(series, series), 'its median {}'.format(median)
+
+
 def _divergence_summary(report):
     d = report.divergence or {}
-    name = {'loss': 'the loss', 'grad_norm': 'the gradient norm'}.get(
-        d.get('series'), d.get('series'))
-    text = ('training diverged from iter {}: {} reached {}, {}x its median '
-            '{}').format(d.get('began_at'), name, format_value(d.get('value')),
-        format_value(d.get('factor')), format_value(d.get('median')))
+    name, over = divergence_words(d)
+    text = 'training diverged from iter {}: the {} reached {}, {}x {}'.format(
+        d.get('began_at'), name, format_value(d.get('value')),
+        format_value(d.get('factor')), over)
     if d.get('lr') is not None:
         text += ' (lr {})'.format(format_value(d['lr']))
     if d.get('spikes'):

@@ -1,7 +1,7 @@
 """A report as text (``report.txt`` and the log)."""
 from .._format import format_value
 from ..records import Report
-from ._summary import _names
+from ._summary import _names, divergence_words
 
 def _sample_line(sample):
     return '  [{}] {}: {}'.format(
@@ -28,10 +28,10 @@ def format_report(report):
     ]
     divergence = report.divergence
     if divergence:
-        lines.append('divergence: from iter {} ({} {}x its median {})'.format(
-            divergence.get('began_at'), divergence.get('series'),
-            format_value(divergence.get('factor')),
-            format_value(divergence.get('median'))))
+        name, over = divergence_words(divergence)
+        lines.append('divergence: from iter {} ({} {}x {})'.format(
+            divergence.get('began_at'), name,
+            format_value(divergence.get('factor')), over))
     for key in ('module', 'op', 'location'):
         if getattr(report, key) is not None:
             lines.append('{}: {}'.format(key, getattr(report, key)))

@@ -31,6 +31,10 @@ def reachable_graph(roots, frames='ours', limit=500000):
 
     Returns:
         list[tuple]: ``(object, 'Type <- ... <- root')`` per object found.
+
+    Raises:
+        RuntimeError: The walk reached ``limit`` before it saw everything:
+            an answer of "nothing found" would not be one.
     """
     parent = {}
     objects = {}
@@ -61,6 +65,10 @@ def reachable_graph(roots, frames='ours', limit=500000):
                 found.append((ref, _path(ref, parent, objects)))
                 continue
             queue.append(ref)
+    if queue:
+        raise RuntimeError(
+            'reachable_graph stopped at its limit of %d objects with %d left '
+            'to visit: raise the limit' % (limit, len(queue)))
     return found
 
 

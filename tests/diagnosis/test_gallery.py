@@ -315,13 +315,23 @@ def test_exploding_learning_rate_is_caught_and_not_blamed_on_data(tmp_path):
     assert error.iter >= 1  # the first step, from sane weights, is finite
     _, report = _bundle_of(error, tmp_path / 'dumps')
     # The data is clean: no sample may be blamed for it.
-    assert report['kind'] not in ('data', 'not_reproduced')
     assert report['batch_problems'] == []
     assert all(not s['problems'] for s in report['samples'])
-    if report['kind'] == 'params' or any(
-            'learning rate' in hint for hint in report['hints']):
-        assert any('clip_grad' in hint and 'warmup' in hint
-                   for hint in report['hints'])
+    # One update from sane weights made them explode: a divergence that
+    # began at the last step applied, at the LR the warmup gave it.
+    assert report['kind'] == 'divergence', report['summary']
+    divergence = report['divergence']
+    assert divergence['series'] == 'weights'
+    assert divergence['began_at'] == error.iter - 1
+    assert divergence['factor'] >= 1e3
+    assert divergence['lr'] == pytest.approx(
+        runner.message_hub.get_scalar('train/lr').data[0][error.iter - 1])
+    assert 'training diverged from iter %d' % (error.iter - 1) in \
+        report['summary']
+    hints = report['hints']
+    assert any('lower the learning rate' in h and 'warmup' in h
+               for h in hints)
+    assert any('clip_grad' in h for h in hints)
 
 
 # -- 8. one-rank NaN under DDP -----------------------------------------------

@@ -10,7 +10,9 @@ import random
 import pytest
 import torch
 
-from mmnanhook import NanDetectHook
+from mmengine.hooks import Hook
+
+from mmnanhook import NanDetectHook, compat
 from mmnanhook.sentinel import SeriesBand, SpikeDetector
 from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
                                    log_text, make_runner, params,
@@ -119,7 +121,7 @@ def test_rewind_restores_the_snapshot_bitwise_and_lowers_the_lr(tmp_path):
     # the divergence began at 10.
     assert_same(probe.after[11][0], probe.after[7][0])
     assert_state_same(probe.after[11][1]['state'], probe.after[7][1]['state'])
-    # The schedulers never saw the lowered LR.
+    # No scheduler: the group's LR is the configured one between steps.
     assert len(set(lrs)) == 1
     hook = [h for h in runner.hooks if isinstance(h, NanDetectHook)][0]
     records = {r['iter']: r for r in hook._history.records()}
@@ -170,24 +172,150 @@ def test_bad_rewind_and_spike_options_name_themselves(option, value):
         NanDetectHook(**{option: value})
 
 
+class _Losses(Probe):
+    """Also records the total loss of every iteration."""
+
+    def __init__(self):
+        super().__init__()
+        self.loss = {}
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        super().after_train_iter(runner, batch_idx, data_batch, outputs)
+        self.loss[runner.iter] = float(outputs['loss'].detach())
+
+
 def test_nonfinite_after_an_lr_blowup_is_a_divergence(tmp_path):
     # No warmup and an LR far too high: the loss grows, then overflows.
     optim = dict(optimizer=dict(type='SGD', lr=30.0))
-    ref = Probe()
+    ref = _Losses()
     reference = make_runner(tmp_path / 'ref', probe=ref, max_iters=ITERS,
                             n=2 * ITERS, optim_wrapper=optim)
-    try:
-        reference.train()
-    except Exception:  # noqa: BLE001 - it diverges without the hook
-        pass
+    reference.train()  # MMEngine alone trains on through the NaN
+    losses = [ref.loss[i] for i in sorted(ref.loss)]
+    bad = [i for i, v in enumerate(losses) if not math.isfinite(v)][0]
+    # Where the rise that ends in the NaN began, without mmnanhook.
+    began = bad - 1
+    while began > 0 and losses[began - 1] < losses[began]:
+        began -= 1
+    assert bad - began >= 3
     runner = make_runner(tmp_path / 'hook', max_iters=ITERS, n=2 * ITERS,
                          optim_wrapper=optim,
                          hook=dict(type='NanDetectHook', **SPIKES))
     error = train_error(runner)
+    assert error.iter == bad
     report = error.report
     assert report['kind'] == 'divergence'
     divergence = report['divergence']
-    assert divergence['began_at'] < error.iter
+    assert divergence['began_at'] == began
     assert 'training diverged from iter %d' % divergence['began_at'] in \
         report['summary']
     assert any('lower the learning rate' in h for h in report['hints'])
+
+
+class _StepLr(Hook):
+    """The LR of every iteration as the schedulers left it (``seen``) and as
+    ``optimizer.step`` used it (``used``; absent for a step not applied)."""
+
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self.seen, self.used = {}, {}
+
+    def before_train(self, runner):
+        optimizer = runner.optim_wrapper.optimizer
+        step = optimizer.step
+
+        def recording_step(*args, **kwargs):
+            self.used[runner.iter] = optimizer.param_groups[0]['lr']
+            return step(*args, **kwargs)
+
+        optimizer.step = recording_step
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.seen[runner.iter] = runner.optim_wrapper.param_groups[0]['lr']
+
+
+# Warmup, then a step down at 13: inside the second rewind's cooldown.
+SCHEDULE = [dict(type='LinearLR', start_factor=0.5, by_epoch=False, begin=0,
+                 end=6),
+            dict(type='MultiStepLR', by_epoch=False, milestones=[13],
+                 gamma=0.5)]
+
+
+def test_rewind_under_schedulers_compounds_the_factor_and_keeps_the_schedule(
+        tmp_path):
+    iters = 20
+    ref_lr = _StepLr()
+    reference = make_runner(tmp_path / 'ref', max_iters=iters, n=2 * iters,
+                            optim_wrapper=STABLE, param_scheduler=SCHEDULE)
+    reference.register_hook(ref_lr)
+    reference.train()
+    scheduled = ref_lr.seen
+    assert len(set(scheduled.values())) > 2
+    # Spikes at 10 and 11: a divergence, rewound; the spike at 12, inside
+    # the cooldown, is rewound again, the factor compounded.
+    lr = _StepLr()
+    runner = make_runner(tmp_path / 'hook', max_iters=iters, n=2 * iters,
+                         faults={20: 'spike', 22: 'spike', 24: 'spike'},
+                         optim_wrapper=STABLE, param_scheduler=SCHEDULE,
+                         hook=_rewind_hook(), log_level='INFO')
+    runner.register_hook(lr)
+    runner.train()
+    assert _scalar(runner, 'train/rewinds') == 2
+    # What the schedulers set is what they set without any rewind ...
+    assert lr.seen == scheduled
+    for ours, theirs in zip(runner.param_schedulers,
+                            reference.param_schedulers):
+        assert ours.state_dict() == theirs.state_dict()
+    # ... and the steps used it lowered: x0.1 after the first rewind, x0.01
+    # after the second, for the 3 clean steps of the cooldown, then not.
+    assert sorted(lr.used) == [i for i in range(iters) if i not in (10, 11,
+                                                                    12)]
+    factor = {13: 0.01, 14: 0.01, 15: 0.01}
+    for i, used in lr.used.items():
+        assert used == pytest.approx(scheduled[i] * factor.get(i, 1.0)), i
+    assert 'LR x 0.01 for 3 update steps' in log_text(runner)
+
+
+@pytest.mark.skipif(
+    compat.cpu_grad_scaler() is None,
+    reason='needs a CPU GradScaler (torch.amp.GradScaler("cpu"), torch >= '
+    '2.3); AmpOptimWrapper itself requires a GPU')
+def test_rewind_under_amp_restores_the_grad_scaler(tmp_path):
+    from mmnanhook.testing import cpu_amp  # noqa: F401 - registers wrappers
+    probe = Probe()
+    # GradScaler overflows halve the scale at 2 (before the snapshot after
+    # 7) and at 9 (after it); the spikes at 10 and 11 go back to 7.
+    runner = make_runner(
+        tmp_path, probe=probe, max_iters=ITERS, n=2 * ITERS,
+        faults={4: 'overflow', 18: 'overflow_hard', 20: 'spike',
+                22: 'spike'},
+        optim_wrapper=dict(STABLE, type='CpuAmpOptimWrapper',
+                           loss_scale='dynamic'),
+        hook=_rewind_hook())
+    runner.train()
+    assert _scalar(runner, 'train/rewinds') == 1
+    scale = [s['scale'] for s in (probe.after[i][1]['loss_scaler']
+                                  for i in (7, 9, 11))]
+    assert scale == [2.0**15, 2.0**14, 2.0**15]
+    assert_state_same(probe.after[11][1]['loss_scaler'],
+                      probe.after[7][1]['loss_scaler'])
+    assert_state_same(probe.after[11][1]['state'], probe.after[7][1]['state'])
+    assert_same(probe.after[11][0], probe.after[7][0])
+
+
+def test_rewind_without_a_snapshot_older_than_the_divergence_stops(tmp_path):
+    probe = Probe()
+    # One snapshot kept: after 11 it is the only one. The spike at 8 was
+    # skipped (one bad batch); the spike at 12 tells of a divergence that
+    # began at 8, older than every snapshot left.
+    runner = make_runner(tmp_path, probe=probe, max_iters=ITERS, n=2 * ITERS,
+                         faults={16: 'spike', 24: 'spike'},
+                         optim_wrapper=STABLE,
+                         hook=_rewind_hook(max_snapshots=1))
+    error = train_error(runner)
+    assert (error.trigger, error.iter) == ('spike', 12)
+    assert 'no snapshot older than iteration 8 to rewind to' in str(error)
+    assert_same(params(runner), probe.before[12][0])
+    assert _scalar(runner, 'train/rewinds') is None

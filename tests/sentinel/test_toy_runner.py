@@ -3,14 +3,18 @@
 The toy model and the runner factory are :mod:`mmnanhook.testing.toy`.
 """
 import copy
+import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapper
 
-from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
+from mmnanhook import (NanDetectHook, NanDetectOptimWrapper, NonFiniteError,
                        install_nan_detect)
 from mmnanhook.sentinel import sentinel_of
 from mmnanhook.testing.toy import (BOUND, Probe, ToyModel, assert_same,
@@ -203,6 +207,23 @@ def test_accumulation_checks_every_micro_step_decides_at_update(tmp_path):
     assert_same(params(runner), probe.before[2][0])
 
 
+def test_accumulation_replays_the_bad_micro_steps_batch(tmp_path):
+    from mmnanhook.bundle import load_bundle
+    # The bad loss is in iteration 2; the update step (and the trigger) is
+    # iteration 3, whose own batch is clean.
+    runner = make_runner(
+        tmp_path, faults={4: 'nan_term'}, hook=dict(type='NanDetectHook'),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1),
+                           accumulative_counts=2))
+    err = train_error(runner)
+    assert (err.trigger, err.iter) == ('loss', 3)
+    batch = load_bundle(err.bundle).load('batch')
+    assert batch['fault'] == ['nan_term', '']
+    # The replay of that batch reproduced the NaN term.
+    assert err.report['kind'] != 'not_reproduced'
+    assert err.report['nonfinite_losses'] == ['loss_aux']
+
+
 def test_accumulation_skip_drops_the_whole_window(tmp_path):
     probe = Probe()
     runner = make_runner(
@@ -247,7 +268,7 @@ def test_anomaly_restored_and_patches_removed_after_exception(tmp_path):
     assert not torch.is_anomaly_enabled()
     runner = make_runner(tmp_path, faults={2: 'nan_term'},
                          hook=dict(type='NanDetectHook', anomaly='always'))
-    with pytest.raises(Exception):
+    with pytest.raises(NonFiniteError):
         runner.train()
     assert not torch.is_anomaly_enabled()
     assert 'train_step' not in vars(runner.model)
@@ -367,10 +388,47 @@ def test_configured_wrapper_detects_without_the_hook(tmp_path):
     assert 'loss=nan' in str(err)
 
 
+# A user's run that never imports mmnanhook itself: only the dotted type in
+# its config names it (the project module on PYTHONPATH gives the model).
+_DOTTED_RUN = r"""
+import json, sys
+from mmengine.runner import Runner
+import replay_toys  # noqa: F401 - registers the toy model and dataset
+assert 'mmnanhook' not in sys.modules
+runner = Runner(
+    model=dict(type='RandomSubsetRegressor', keep_prob=0.0),  # NaN loss
+    work_dir=sys.argv[1], default_scope='mmengine',
+    train_dataloader=dict(
+        dataset=dict(type='ToyRegressionDataset'), batch_size=2,
+        sampler=dict(type='DefaultSampler', shuffle=False),
+        collate_fn=dict(type='pseudo_collate'), num_workers=0),
+    train_cfg=dict(by_epoch=False, max_iters=2),
+    optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+    default_hooks=dict(checkpoint=None, nan_detect=dict(
+        type='mmnanhook.NanDetectHook', replay=False, max_dumps=0)))
+hooks = [type(h).__module__ + '.' + type(h).__name__ for h in runner.hooks]
+try:
+    runner.train()
+    error = None
+except Exception as exc:
+    error = type(exc).__module__ + '.' + type(exc).__name__
+    trigger = getattr(exc, 'trigger', None)
+print(json.dumps(dict(hooks=hooks, error=error, trigger=trigger)))
+"""
+
+
 def test_dotted_type_works_without_custom_imports(tmp_path):
-    runner = make_runner(tmp_path, faults={2: 'nan_term'},
-                         hook=dict(type='mmnanhook.NanDetectHook'))
-    assert train_error(runner).trigger == 'loss'
+    from mmnanhook.testing.cli import PROJECT_DIR
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=PROJECT_DIR)
+    out = subprocess.run(
+        [sys.executable, '-c', _DOTTED_RUN, str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        universal_newlines=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert 'mmnanhook.hook.NanDetectHook' in result['hooks']
+    assert result['error'] == 'mmnanhook.errors.NonFiniteError'
+    assert result['trigger'] == 'loss'
 
 
 def test_hook_installs_into_a_configured_wrapper_and_restores_it(tmp_path):

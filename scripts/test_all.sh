@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# `make test`: both legs at the same time, each on its own core.
+#
+# The legs are independent venvs and every test runs one torch thread, so on
+# 2 cores the suite takes as long as its slower leg.  Each leg writes its own
+# log; at the end each log is printed whole (it ends with pytest's own
+# closing line), then one line per leg.  Either leg failing fails the run.
+# An interrupted run takes every process of both legs with it (each leg is a
+# session of its own: DDP workers, Chromium, subprocess tests included).
+#   scripts/test_all.sh [pytest args]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${MMNANHOOK_TEST_LOGS:-test-logs}
+mkdir -p "$logs"
+legs=(modern dota)
+declare -A pid started rc
+
+stop_legs() {
+    local leg
+    for leg in "${legs[@]}"; do
+        [ -n "${pid[$leg]:-}" ] && kill -TERM -- -"${pid[$leg]}" 2>/dev/null
+    done
+    sleep 2
+    for leg in "${legs[@]}"; do
+        [ -n "${pid[$leg]:-}" ] && kill -KILL -- -"${pid[$leg]}" 2>/dev/null
+    done
+}
+trap 'echo "[test] interrupted: stopping both legs" >&2; stop_legs; exit 130' INT TERM HUP
+
+# A leg alone on its core: the zoo tests' two threads would take the other
+# leg's core.
+export MMNANHOOK_TEST_THREADS=1
+for leg in "${legs[@]}"; do
+    # setsid: the leg leads a process group of its own, so `kill -- -PID`
+    # reaches everything it started.
+    rm -f "$logs/$leg.rc"
+    setsid bash -c 'scripts/test_leg.sh "$@"; echo $? >"$0"' "$logs/$leg.rc" \
+        "$leg" "$@" >"$logs/$leg.log" 2>&1 &
+    pid[$leg]=$!
+    started[$leg]=$(date +%s)
+    echo "[test] $leg leg started (pid ${pid[$leg]}), log: $logs/$leg.log"
+done
+
+progress() {  # the last "[ NN%]" pytest printed, or what the leg is doing
+    local p
+    p=$(grep -o '\[ *[0-9]*%\]' "$logs/$1.log" 2>/dev/null | tail -1 | tr -d '[] ')
+    echo "${p:-starting}"
+}
+
+alive() {  # a zombie still answers kill -0
+    case $(ps -o stat= -p "$1" 2>/dev/null) in ''|Z*) return 1 ;; esac
+}
+
+elapsed() { echo $(( $(date +%s) - ${started[$1]} )); }
+
+running=${#legs[@]}
+declare -A took
+while [ "$running" -gt 0 ]; do
+    for leg in "${legs[@]}"; do
+        [ -n "${rc[$leg]:-}" ] && continue
+        if [ -s "$logs/$leg.rc" ] || ! alive "${pid[$leg]}"; then
+            wait "${pid[$leg]}" 2>/dev/null
+            # No exit code written: the leg was killed from outside.
+            rc[$leg]=$(cat "$logs/$leg.rc" 2>/dev/null || echo 1)
+            took[$leg]=$(elapsed "$leg")
+            running=$((running - 1))
+            echo "[test] $leg leg finished (exit ${rc[$leg]}, ${took[$leg]} s)"
+        fi
+    done
+    [ "$running" -gt 0 ] || break
+    sleep 5
+    if [ $(( $(date +%s) % 60 )) -lt 5 ]; then
+        line="[test] $(( $(elapsed modern) / 60 )) min:"
+        for leg in "${legs[@]}"; do
+            [ -z "${rc[$leg]:-}" ] && line+=" $leg $(progress "$leg")"
+        done
+        echo "$line"
+    fi
+done
+
+status=0
+for leg in "${legs[@]}"; do
+    echo
+    echo "================================ $leg leg ($logs/$leg.log) ================================"
+    cat "$logs/$leg.log"
+    [ "${rc[$leg]}" -eq 0 ] || status=1
+done
+echo
+for leg in "${legs[@]}"; do
+    closing=$(grep -E '^=+ .*(passed|failed|error|no tests ran).* =+$' "$logs/$leg.log" | tail -1)
+    [ -n "$closing" ] || closing=$(tail -1 "$logs/$leg.log")
+    echo "[test] $leg: exit ${rc[$leg]} in ${took[$leg]} s: $closing"
+done
+[ "$status" -eq 0 ] || echo "[test] FAILED: see the failing leg's output above" >&2
+exit "$status"

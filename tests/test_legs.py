@@ -1,0 +1,71 @@
+"""The test legs keep their word: a leg's own stack imports or the run fails,
+and CI cannot pass with a leg missing.
+
+``scripts/leg.sh`` names what each leg installs by design;
+``scripts/test_leg.sh`` hands it to ``tests/conftest.py``
+(``MMNANHOOK_LEG_REQUIRES``), where an import failure of one of those is a
+usage error, not a skip.
+"""
+import os
+import os.path as osp
+import subprocess
+import sys
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+
+
+def _collect(requires):
+    env = dict(os.environ, MMNANHOOK_LEG_REQUIRES=requires)
+    return subprocess.run(
+        [sys.executable, '-m', 'pytest', '--collect-only', '-q',
+         '-p', 'no:cacheprovider', osp.join('tests', 'test_compat.py')],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        universal_newlines=True, timeout=600)
+
+
+def test_a_required_package_that_does_not_import_fails_the_run():
+    # No leg can import mmpretrain's datasets (see tests/conftest.py).
+    result = _collect('mmpretrain')
+    assert result.returncode == 4, result.stdout[-3000:]
+    assert 'this leg installs mmpretrain by design, but it does not ' \
+        'import' in result.stdout
+    # The real import error is shown, not a made-up reason.
+    assert 'Error' in result.stdout.split('does not import', 1)[1]
+
+
+def test_an_unknown_requirement_fails_the_run():
+    result = _collect('mmdet,no_such_marker')
+    assert result.returncode == 4, result.stdout[-3000:]
+    assert 'no_such_marker: not a marker of tests/conftest.py' in \
+        result.stdout
+
+
+def test_this_legs_requirements_import():
+    requires = os.environ.get('MMNANHOOK_LEG_REQUIRES')
+    if requires is None:
+        # A plain pytest outside scripts/test_leg.sh: what every leg needs.
+        requires = 'mmdet'
+    result = _collect(requires)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+def _missing_leg(require_all):
+    env = dict(os.environ, MMNANHOOK_REQUIRE_ALL_LEGS=require_all)
+    return subprocess.run(
+        ['bash', '-c', '. scripts/leg.sh && missing_leg "test dota" '
+         '"no Python 3.8"; echo not reached'],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        universal_newlines=True, timeout=60)
+
+
+def test_a_missing_leg_is_loud_and_fatal_where_every_leg_is_required():
+    laptop = _missing_leg('0')
+    assert laptop.returncode == 0
+    assert 'SKIPPED: no Python 3.8' in laptop.stdout
+    assert 'does NOT run here' in laptop.stdout
+    assert 'not reached' not in laptop.stdout
+    ci = _missing_leg('1')
+    assert ci.returncode == 1
+    assert 'MMNANHOOK_REQUIRE_ALL_LEGS=1 requires every leg' in ci.stderr
+    with open(osp.join(ROOT, '.ci', 'run')) as f:
+        assert 'export MMNANHOOK_REQUIRE_ALL_LEGS=1' in f.read()
