@@ -55,6 +55,7 @@ elapsed() { echo $(( $(date +%s) - ${started[$1]} )); }
 
 running=${#legs[@]}
 declare -A took
+beat=$(date +%s)
 while [ "$running" -gt 0 ]; do
     for leg in "${legs[@]}"; do
         [ -n "${rc[$leg]:-}" ] && continue
@@ -69,7 +70,8 @@ while [ "$running" -gt 0 ]; do
     done
     [ "$running" -gt 0 ] || break
     sleep 5
-    if [ $(( $(date +%s) % 60 )) -lt 5 ]; then
+    if [ $(( $(date +%s) - beat )) -ge 60 ]; then
+        beat=$(date +%s)
         line="[test] $(( $(elapsed modern) / 60 )) min:"
         for leg in "${legs[@]}"; do
             [ -z "${rc[$leg]:-}" ] && line+=" $leg $(progress "$leg")"

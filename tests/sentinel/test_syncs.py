@@ -56,14 +56,22 @@ def test_one_host_sync_per_update_step_and_none_for_spikes(
             hook=dict(type='NanDetectHook', spike_policy=spikes, **SPIKES),
             **overrides)
         seen = runs[spikes]
-        # One sync of ours per update step, at one place ...
-        assert seen.n_ours == updates, seen.ours
-        assert len(seen.ours) == 1, seen.ours
-        # ... and none added to anyone else's code (with clip_grad the
-        # clip reuses our norm and MMEngine's own sync of it goes away).
-        assert seen.n_theirs <= plain.n_theirs
-        if 'optim_wrapper.clip_grad' not in overrides:
-            assert seen.theirs == plain.theirs
+        # At most one sync more than the run without mmnanhook per update
+        # step ...
+        extra = seen.n_ours + seen.n_theirs - plain.n_theirs
+        assert extra <= updates, (seen.ours, seen.theirs, plain.theirs)
+        if 'optim_wrapper.clip_grad' in overrides:
+            # ... with clip_grad the clip reuses our norm: MMEngine's float
+            # of it and torch's own test of the clip coefficient (torch <
+            # 2.0, then in our clip, which repeats torch's arithmetic) are
+            # not made twice.
+            assert seen.n_theirs < plain.n_theirs
+            continue
+        # ... and without it exactly one, ours, at one place, none added to
+        # anyone else's code.
+        assert extra == updates
+        assert seen.n_ours == updates and len(seen.ours) == 1, seen.ours
+        assert seen.theirs == plain.theirs
     # Spike detection judges host floats: the same syncs with it and
     # without it.
     assert runs['warn'].ours == runs[None].ours

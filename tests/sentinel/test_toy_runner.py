@@ -14,7 +14,7 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapper
 
-from mmnanhook import (NanDetectHook, NanDetectOptimWrapper, NonFiniteError,
+from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
                        install_nan_detect)
 from mmnanhook.sentinel import sentinel_of
 from mmnanhook.testing.toy import (BOUND, Probe, ToyModel, assert_same,
@@ -208,7 +208,7 @@ def test_accumulation_checks_every_micro_step_decides_at_update(tmp_path):
 
 
 def test_accumulation_replays_the_bad_micro_steps_batch(tmp_path):
-    from mmnanhook.bundle import load_bundle
+    from mmnanhook.bundle import DATA_BATCH, load_bundle
     # The bad loss is in iteration 2; the update step (and the trigger) is
     # iteration 3, whose own batch is clean.
     runner = make_runner(
@@ -217,7 +217,7 @@ def test_accumulation_replays_the_bad_micro_steps_batch(tmp_path):
                            accumulative_counts=2))
     err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 3)
-    batch = load_bundle(err.bundle).load('batch')
+    batch = load_bundle(err.bundle).load(DATA_BATCH)
     assert batch['fault'] == ['nan_term', '']
     # The replay of that batch reproduced the NaN term.
     assert err.report['kind'] != 'not_reproduced'
@@ -268,8 +268,13 @@ def test_anomaly_restored_and_patches_removed_after_exception(tmp_path):
     assert not torch.is_anomaly_enabled()
     runner = make_runner(tmp_path, faults={2: 'nan_term'},
                          hook=dict(type='NanDetectHook', anomaly='always'))
-    with pytest.raises(NonFiniteError):
+    # Anomaly mode itself raises in backward: the error propagates as it
+    # is, the trigger's diagnosis attached.
+    with pytest.raises(RuntimeError, match='returned nan values') as info:
         runner.train()
+    shown = '\n'.join([str(info.value)] +
+                      list(getattr(info.value, '__notes__', [])))
+    assert 'recorded by mmnanhook' in shown
     assert not torch.is_anomaly_enabled()
     assert 'train_step' not in vars(runner.model)
     assert 'parse_losses' not in vars(runner.model)
