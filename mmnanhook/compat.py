@@ -6,6 +6,7 @@ calls these helpers instead of testing versions itself.
 import ctypes
 import inspect
 import pickle
+import sys
 import types
 import warnings
 
@@ -13,6 +14,10 @@ import numpy as np
 import torch
 
 from mmengine.utils import digit_version
+
+# logging's ``stacklevel`` (Python >= 3.8): a log record names the caller of
+# mmnanhook's log helper, not the helper; on 3.7 it names the helper.
+LOG_CALLER = {'stacklevel': 2} if sys.version_info >= (3, 8) else {}
 
 TORCH_VERSION = digit_version(torch.__version__.split('+')[0])
 

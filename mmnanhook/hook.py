@@ -23,11 +23,12 @@ from .errors import CheckBypassedError, NonFiniteError
 from .diagnosis import default_dump_dir, handle_incident, largest_param
 from .options import (CheckOptions, RewindOptions, check_anomaly, check_bool,
                       check_count, check_path, is_count)
+from .quarantine import read_quarantine, start_quarantine
 from .diagnosis import divergence_evidence
 from .diagnosis._divergence import rising as _rising
 from .records import NonFiniteEvent, Report, Trigger
 from .report import report_card
-from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, History,
+from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, Dropper, History,
                        Listener, Rewinder, StepContext, StepMemory,
                        answer_text, install_nan_detect, loss_terms,
                        param_norms)
@@ -103,6 +104,17 @@ class NanDetectHook(Hook, Listener):
         max_rewinds (int): Consecutive rewinds without ``cooldown`` clean
             update steps in between, after which training stops. Defaults
             to 3.
+        quarantine (str, optional): A quarantine list (``mmnan scan
+            --quarantine``, or a run's ``nan_quarantine.json``) a user
+            reviewed: those samples are never loaded in this run.
+        quarantine_file (str, optional): Where the run's quarantine list is
+            written; defaults to ``{work_dir}/nan_quarantine.json``, which a
+            resumed run (``resume=True``) reads back.
+        quarantine_skips (bool): Under ``'skip'`` and ``'rewind'``, also
+            quarantine the samples a diagnosis names. ``'drop'`` always
+            quarantines what it dropped. Defaults to False: those policies
+            promise to leave one step out, not to change what the
+            dataloader yields.
 
     Raises:
         ValueError: For a bad option, naming it.
@@ -135,7 +147,10 @@ class NanDetectHook(Hook, Listener):
                  max_snapshots=2,
                  lr_factor=0.1,
                  cooldown=100,
-                 max_rewinds=3):
+                 max_rewinds=3,
+                 quarantine=None,
+                 quarantine_file=None,
+                 quarantine_skips=False):
         check_anomaly(anomaly)
         self.check_options = CheckOptions(policy, max_skips, min_loss_scale,
                                           max_overflow_skips, spike_policy,
@@ -149,6 +164,14 @@ class NanDetectHook(Hook, Listener):
         check_bool('replay', replay)
         check_count('history', history, 0)
         check_bool('dump_optimizer', dump_optimizer)
+        check_path('quarantine', quarantine)
+        check_path('quarantine_file', quarantine_file)
+        check_bool('quarantine_skips', quarantine_skips)
+        if quarantine is not None:
+            read_quarantine(quarantine)  # a bad file fails here, named
+        self.quarantine = quarantine
+        self.quarantine_file = quarantine_file
+        self.quarantine_skips = quarantine_skips
         self.anomaly = anomaly
         self.dump_dir = dump_dir
         self.max_dumps = max_dumps
@@ -174,6 +197,9 @@ class NanDetectHook(Hook, Listener):
         self._spike_norms = None
         # The largest |weight| training started from (exploding updates).
         self._start_weight = None
+        # policy='drop', and the samples it keeps out of the dataloader.
+        self._dropper = None
+        self._quarantine = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -205,6 +231,14 @@ class NanDetectHook(Hook, Listener):
         if opts.rewinds:
             self._rewinder = Rewinder(self.rewind_options)
             self._rewinder.start(module, self._handle.wrappers)
+        self._dropper = None
+        if opts.policy == 'drop':
+            self._dropper = Dropper(model, self._handle.wrappers,
+                                    self._logger.log)
+        if opts.policy == 'drop' or self.quarantine_skips or \
+                self.quarantine:
+            self._quarantine = start_quarantine(
+                runner, self.quarantine, self.quarantine_file)
 
     def after_train(self, runner):
         self._restore()
@@ -232,6 +266,10 @@ class NanDetectHook(Hook, Listener):
         self._buffers = None
         # Snapshots are memory of the run that ended.
         self._rewinder = None
+        if self._quarantine is not None:
+            self._quarantine.remove()
+            self._quarantine = None
+        self._dropper = None
 
     # -- per iteration -----------------------------------------------------
 
@@ -253,9 +291,8 @@ class NanDetectHook(Hook, Listener):
         self._memory.keep(runner.iter, data_batch)
         self._step = {}
         self._rewound_at = None
-        opts = self.check_options
-        skips = 'skip' in (opts.policy, opts.spike_policy) or opts.rewinds
-        if skips and runner.iter % self._memory.window == 0:
+        if self.check_options.skips and \
+                runner.iter % self._memory.window == 0:
             self._buffers = BufferSnapshot(unwrap_model(runner.model))
 
     def _after_step(self, runner):
@@ -320,7 +357,7 @@ class NanDetectHook(Hook, Listener):
                 records = self._records()
                 outputs = train_step(*args, **kwargs)
                 self._after_step(runner)
-                return outputs
+                return self._logged(outputs)
             except (NonFiniteError, CheckBypassedError):
                 self._restore()
                 raise
@@ -345,6 +382,15 @@ class NanDetectHook(Hook, Listener):
                 self._train_iters += 1
 
         return nan_detect_train_step
+
+    def _logged(self, outputs):
+        """What the train step returns, for RuntimeInfoHook to put in the
+        windows LogProcessor smooths: nothing of a step that was not
+        applied, the recomputation's values for a dropped one."""
+        dropped = self._dropper.take_outputs() if self._dropper else None
+        if self._step.get('applied') is False:
+            return {}
+        return dropped if dropped is not None else outputs
 
     def _records(self):
         return sum(s.check.records for s in self._handle.sentinels)
@@ -416,6 +462,12 @@ class NanDetectHook(Hook, Listener):
         self._step.update(loss=outcome.loss, grad_norm=outcome.grad_norm,
                           loss_scale=outcome.loss_scale)
 
+    def on_resolved(self, applied):
+        self._step['applied'] = applied
+        found = self._dropper.take_found() if self._dropper else None
+        if applied and found:
+            self._quarantine_found(found, self._step['event'], 'drop')
+
     def on_spike(self, spikes):
         for spike in spikes:
             self._logger.warning('mmnanhook: %r' % (spike, ))
@@ -439,12 +491,13 @@ class NanDetectHook(Hook, Listener):
         spike = event.trigger == Trigger.SPIKE
         policy = opts.spike_policy if spike else opts.policy
         exception = event.trigger == Trigger.EXCEPTION
-        quiet = not exception and policy in ('skip', 'warn', 'rewind')
+        quiet = not exception and policy in ('skip', 'warn', 'rewind',
+                                             'drop')
         self._logger.log(logging.WARNING if quiet else logging.ERROR,
                          'mmnanhook: ' + message)
         if not spike:
             self._step['triggered'] = True
-        if (policy in ('skip', 'rewind') and not exception
+        if (policy in ('skip', 'rewind', 'drop') and not exception
                 and self._buffers is not None):
             self._buffers.restore()
         evidence = self._divergence(event)
@@ -455,7 +508,19 @@ class NanDetectHook(Hook, Listener):
                 not event.bad_ranks or event.rank in event.bad_ranks):
             # The culprit rank(s) replay their own batch and write the
             # bundle; a spike only when it stops or rewinds training.
-            result = self._incident(event, evidence) or {}
+            result = self._incident(
+                event, evidence,
+                logging.WARNING if quiet else logging.ERROR) or {}
+        if policy == 'drop' and not spike and not exception:
+            self._step['event'] = event
+            result['drop'] = self._dropper.plan(
+                event, result.get('report'), self._memory.get(event.fail_iter),
+                self._memory.window, self._buffers.restore)
+        elif (self.quarantine_skips and policy in ('skip', 'rewind')
+              and not spike and (result.get('report') or {}).get(
+                  'kind') == 'data'):
+            self._quarantine_found(result['report']['samples'], event,
+                                   policy)
         if rewind:
             model = unwrap_model(self._runner.model)
             since = evidence['began_at'] if evidence else event.iter
@@ -474,6 +539,30 @@ class NanDetectHook(Hook, Listener):
                         else 'training started from', self._rewinder.factor,
                         self.rewind_options.cooldown))
         return result or None
+
+    def _quarantine_found(self, findings, event, source):
+        """Quarantine the samples of a handled trigger; write the list."""
+        added, unknown = self._quarantine.add_found(
+            findings, iter=event.iter, epoch=event.epoch, rank=event.rank,
+            source=source)
+        for finding in unknown:
+            self._logger.warning(
+                'mmnanhook: sample %s of the batch (%s) cannot be '
+                'quarantined: no index of the train dataset loads it' %
+                (finding.get('index'), finding.get('img_path')))
+        if not added:
+            return
+        try:
+            self._quarantine.save()
+            where = 'listed in %s' % self._quarantine.path
+        except OSError as error:
+            where = 'NOT written to %s (%s): quarantined in this run only' % (
+                self._quarantine.path, error)
+        for sample in added:
+            self._logger.warning(
+                'mmnanhook: quarantined %s (dataset index %s): never loaded '
+                'again in this run; %s' % (sample.file, ', '.join(
+                    map(str, sample.indices)), where))
 
     def _visualize(self, event, result):
         """Send the sample pictures and the report summary to the runner's
@@ -527,7 +616,7 @@ class NanDetectHook(Hook, Listener):
                             grad_norm=event.grad_norm,
                             loss_scale=event.loss_scale)
 
-    def _incident(self, event, evidence):
+    def _incident(self, event, evidence, level=logging.ERROR):
         """Diagnose ``event`` and write its bundle; the answer for the error.
         """
         if not self.replay and not self.max_dumps:
@@ -545,7 +634,7 @@ class NanDetectHook(Hook, Listener):
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
             anomaly=self.anomaly != 'never', divergence=evidence,
-            start_weight=self._start_weight)
+            start_weight=self._start_weight, level=level)
         self._visualize(event, result)
         # What the diagnosis allocated is free now: give it back.
         compat.trim_heap()

@@ -7,7 +7,7 @@ naming the option, whichever way it was configured.
 import math
 import os
 
-POLICIES = ('raise', 'skip', 'warn', 'rewind')
+POLICIES = ('raise', 'skip', 'warn', 'rewind', 'drop')
 SPIKE_POLICIES = (None, 'warn', 'skip', 'rewind', 'raise')
 ANOMALY_MODES = ('on_trigger', 'always', 'never')
 
@@ -97,7 +97,7 @@ class CheckOptions(object):
 
     Args:
         policy (str): What a trigger does: ``'raise'``, ``'skip'``,
-            ``'warn'`` or ``'rewind'``.
+            ``'warn'``, ``'rewind'`` or ``'drop'``.
         max_skips (int): Consecutive skipped update steps after which
             ``'skip'`` raises.
         min_loss_scale (float, optional): Under AMP, a loss scale below this
@@ -143,6 +143,13 @@ class CheckOptions(object):
         self.spike_window = spike_window
         self.spike_warmup = spike_warmup
         self.spike_factor = spike_factor
+
+    @property
+    def skips(self):
+        """Whether a trigger or a spike may leave its step unapplied (so
+        what its forward wrote must be undone)."""
+        return bool(set(('skip', 'rewind', 'drop')) &
+                    set((self.policy, self.spike_policy)))
 
     @property
     def rewinds(self):

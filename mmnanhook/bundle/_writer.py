@@ -10,7 +10,7 @@ import socket
 import tempfile
 
 import torch
-from mmengine.logging import print_log
+from .._log import log as _log
 
 from ._layout import (_RESERVED, _TMP_PREFIX, FORMAT_VERSION, HISTORY_JSON,
                       HISTORY_PNG, MANIFEST, REPORT, TORCH_SUFFIX, sha256,
@@ -240,7 +240,7 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
             max_dumps))
 
     def log(message, level=logging.INFO):
-        print_log(message, logger=logger or 'current', level=level)
+        _log(message, level, logger)
 
     tmp = None
     try:

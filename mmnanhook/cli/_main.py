@@ -113,6 +113,19 @@ def _scan(args):
             print('    picture: ' + path)
     print('scanned {} samples: {} with invalid ground truth'.format(
         total, len(bad)))
+    if args.quarantine:
+        from ..quarantine import QuarantinedSample, write_quarantine
+        try:
+            write_quarantine(args.quarantine, [QuarantinedSample(
+                [item.index], item.img_path,
+                '; '.join(p.text for p in item.problems), source='scan')
+                for item in bad])
+        except OSError as error:
+            return _bad_input('scan', 'cannot write {}: {}'.format(
+                args.quarantine, error.strerror or error))
+        print('quarantine list of {} samples: {} (review it, then start a '
+              "run with NanDetectHook(quarantine='{}'))".format(
+                  len(bad), args.quarantine, args.quarantine))
     return EXIT_FOUND if bad else EXIT_OK
 
 
@@ -155,6 +168,9 @@ def build_parser():
     p.add_argument('--no-progress', action='store_true')
     p.add_argument('--show', metavar='DIR', default=None,
                    help='write pictures of every flagged sample into DIR')
+    p.add_argument('--quarantine', metavar='OUT', default=None,
+                   help='write the flagged samples as a quarantine list '
+                   "(NanDetectHook(quarantine=OUT) never loads them)")
     p.set_defaults(func=_scan)
 
     p = sub.add_parser('demo', help='train a tiny detector on a synthetic '

@@ -20,12 +20,13 @@ step, under instrumentation too slow for every iteration:
 The model's parameters are never written; gradients, buffers and RNG states
 are put back as they were.
 """
+import logging
 import time
 
 import torch
-from mmengine.logging import print_log
 
 from .. import compat
+from .._log import log as _log
 from ..records import SampleFinding
 from ..report import finalize, new_report
 from ._classify import classify, fill_location
@@ -147,7 +148,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
     start = time.time()
 
     def log(message):
-        print_log(message, logger=logger or 'current')
+        _log(message, logging.INFO, logger)
 
     report = new_report()
     report.amp_dtype = _dtype_name(amp_dtype)

@@ -7,9 +7,9 @@ import os.path as osp
 import time
 
 import torch
-from mmengine.logging import print_log
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
+from .._log import log
 from .._mmengine import unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       REPORT_TEXT, RNG, bundle_name, render_manifest,
@@ -46,15 +46,15 @@ def _annotations(runner, data_batch):
     try:
         return annotations(runner.train_dataloader.dataset, data_batch)
     except Exception as error:  # noqa: BLE001 - a missing detail only
-        print_log('mmnanhook: the annotations of the batch are unknown ({}: '
-                  '{})'.format(type(error).__name__, error),
-                  logger='current', level=logging.WARNING)
+        log('mmnanhook: the annotations of the batch are unknown ({}: '
+            '{})'.format(type(error).__name__, error), logging.WARNING)
         return None
 
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     dump_dir, max_dumps, replay, dump_optimizer,
-                    anomaly=True, divergence=None, start_weight=None):
+                    anomaly=True, divergence=None, start_weight=None,
+                    level=logging.ERROR):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -73,6 +73,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         start_weight (float, optional): The largest ``|weight|`` when
             training started: a weight grown far beyond it is evidence of a
             divergence too (:func:`weight_evidence`).
+        level (int): The log level of the diagnosis: a warning for a
+            trigger the policy handles, an error for one that stops
+            training.
 
     Returns:
         dict: ``bundle`` (path or None), ``summary``, ``report``, and
@@ -94,9 +97,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 optimizer_state=optim_state, anomaly=anomaly,
                 declared=declared)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
-            print_log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
-                type(error).__name__, error), logger='current',
-                level=logging.ERROR)
+            log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
+                type(error).__name__, error), logging.ERROR)
             report = _unreplayed_report(
                 'the replay diagnosis failed: {}: {}'.format(
                     type(error).__name__, error))
@@ -108,8 +110,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     if apply_divergence(report, divergence):
         finalize(report)
     text = format_report(report)
-    print_log(text, logger='current',
-              level=logging.ERROR)
+    log(text, level)
     path = None
     pictures = _pictures(model, data_batch, report, found)
     if max_dumps:
@@ -140,9 +141,8 @@ def _pictures(model, data_batch, report, found):
     try:
         return sample_pictures(model, data_batch, report.samples, found)
     except Exception as error:  # noqa: BLE001 - pictures are extras
-        print_log('mmnanhook: no sample pictures: {}: {}'.format(
-            type(error).__name__, error), logger='current',
-            level=logging.WARNING)
+        log('mmnanhook: no sample pictures: {}: {}'.format(
+            type(error).__name__, error), logging.WARNING)
         return []
 
 
@@ -158,9 +158,8 @@ def _config_text(cfg):
     try:
         return cfg.pretty_text
     except Exception as error:  # noqa: BLE001 - never lose the bundle
-        print_log('mmnanhook: config.py written unformatted ({}: {})'.format(
-            type(error).__name__, error), logger='current',
-            level=logging.WARNING)
+        log('mmnanhook: config.py written unformatted ({}: {})'.format(
+            type(error).__name__, error), logging.WARNING)
         return '\n'.join('{} = {!r}'.format(key, value)
                          for key, value in cfg.to_dict().items()) + '\n'
 

@@ -9,12 +9,15 @@
 * :mod:`._guard`: the bypass guard.
 * :mod:`._spikes`: robust spike bands of the loss and the gradient norm.
 * :mod:`._rewind`: snapshots of good states and going back to one.
+* :mod:`._drop`: ``policy='drop'``: which samples, and the step recomputed
+  without them.
 * :mod:`._steps`, :mod:`._rng`: the batch, RNG states and buffers kept per
   step for a replay.
 * :mod:`._history`: the per-iteration scalars kept for a bundle.
 """
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      answer_text, describe_losses, loss_terms)
+from ._drop import DropPlan, Dropper, samples_to_drop
 from ._guard import BypassGuard
 from ._history import FIELDS, History
 from ._norms import GradNorms, clip_grads_with_norm_
@@ -27,7 +30,9 @@ from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
                        install_nan_detect, members, sentinel_of)
 
 __all__ = [
-    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'FIELDS', 'GradNorms',
+    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'DropPlan', 'Dropper',
+    'FIELDS',
+    'GradNorms',
     'History', 'Listener', 'MicroStep', 'NanDetectAmpOptimWrapper',
     'NanDetectHandle', 'NanDetectOptimWrapper', 'Rewinder', 'SeriesBand',
     'Snapshot', 'SnapshotStore', 'Spike', 'SpikeDetector', 'StepCheck',
@@ -35,5 +40,6 @@ __all__ = [
     'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
     'capture_rng',
     'clip_grads_with_norm_', 'describe_losses', 'install_nan_detect',
-    'loss_terms', 'members', 'param_norms', 'restore_rng', 'sentinel_of'
+    'loss_terms', 'members', 'param_norms', 'restore_rng', 'samples_to_drop',
+    'sentinel_of'
 ]

@@ -270,7 +270,8 @@ class StepCheck(object):
         Returns:
             bool: Whether to apply the step (``'warn'``); ``False`` for a
             skipped one (``'skip'``, and ``'rewind'``, whose going back the
-            listener has done).
+            listener has done), and for one ``'drop'`` recomputes (the
+            answer's ``drop``: a :class:`DropPlan`).
 
         Raises:
             NonFiniteError: Under ``'raise'``; when ``'skip'`` has already
@@ -286,7 +287,7 @@ class StepCheck(object):
         if extra:
             message += '\n' + extra
         escalate = answer.get('escalate')
-        if (not escalate and policy in ('skip', 'rewind')
+        if (not escalate and policy in ('skip', 'rewind', 'drop')
                 and self.consecutive_skips >= opts.max_skips):
             escalate = ("policy %r already skipped %d consecutive update "
                         'steps (max_skips=%d)' %
@@ -298,13 +299,21 @@ class StepCheck(object):
                 message, event.trigger.value, iter=event.iter,
                 rank=event.rank, bad_ranks=event.bad_ranks,
                 bundle=answer.get('bundle'), report=answer.get('report'))
-        if policy in ('skip', 'rewind'):
-            if not spike:
-                self.skipped += 1
-            self.consecutive_skips += 1
+        if policy == 'drop' and answer.get('drop') is not None:
+            # Recomputed without the offending samples: counted by how the
+            # recomputed step ends (applied, or skipped after all).
+            return False
+        if policy in ('skip', 'rewind', 'drop'):
+            self.skip(spike)
             return False
         self.consecutive_skips = 0
         return True
+
+    def skip(self, spike=False):
+        """Count an update step that is not applied."""
+        if not spike:
+            self.skipped += 1
+        self.consecutive_skips += 1
 
 
 def answer_text(answer):

@@ -9,7 +9,7 @@ import random
 
 import numpy as np
 import torch
-from mmengine.logging import print_log
+from .._log import log
 
 
 def capture_rng():
@@ -53,18 +53,15 @@ def restore_rng(state, logger=None):
     if not cuda_states:
         return
     if not torch.cuda.is_available():
-        print_log(
-            'mmnanhook: CUDA RNG states were captured but CUDA is not '
+        log('mmnanhook: CUDA RNG states were captured but CUDA is not '
             'available here; they are not restored, so CUDA random draws '
-            'of the replay differ from the original run.',
-            logger=logger or 'current', level=logging.WARNING)
+            'of the replay differ from the original run.', logging.WARNING,
+            logger)
         return
     visible = torch.cuda.device_count()
     if visible < len(cuda_states):
-        print_log(
-            'mmnanhook: {} CUDA RNG states were captured but {} device(s) '
+        log('mmnanhook: {} CUDA RNG states were captured but {} device(s) '
             'are visible; only those are restored.'.format(
-                len(cuda_states), visible),
-            logger=logger or 'current', level=logging.WARNING)
+                len(cuda_states), visible), logging.WARNING, logger)
     for index, cuda_state in enumerate(cuda_states[:visible]):
         torch.cuda.set_rng_state(cuda_state, index)

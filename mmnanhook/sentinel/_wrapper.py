@@ -27,6 +27,7 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import compat
+from .._log import log
 from .._mmengine import unwrap_model
 from .._anomaly import capture_anomaly_warnings, is_anomaly_nan_error
 from ..errors import NonFiniteError
@@ -53,7 +54,7 @@ _UNSUPPORTED_MODULES = ('mmengine._strategy', )
 
 
 def _log(message, level):
-    MMLogger.get_current_instance().log(level, message)
+    log(message, level)
 
 
 class Listener(object):
@@ -90,6 +91,14 @@ class Listener(object):
 
         Args:
             spikes (list[Spike]): This step's spikes.
+        """
+
+    def on_resolved(self, applied):
+        """Called after the policy acted on an update step.
+
+        Args:
+            applied (bool): Whether the step (or, under ``'drop'``, its
+                recomputation) is applied.
         """
 
     def on_step(self, outcome):
@@ -131,6 +140,10 @@ class WrapperSentinel(object):
         self._model = None
         # (params, total norm or None) for the _clip_grad of this step.
         self._clip = None
+        # The DropPlan being recomputed (policy='drop'), while it is.
+        self._dropping = None
+        # Samples dropped so far (train/samples_dropped).
+        self.samples_dropped = 0
 
     @property
     def options(self):
@@ -226,7 +239,10 @@ class WrapperSentinel(object):
     # -- the update step ---------------------------------------------------
 
     def step(self, wrapper, prev, *args, **kwargs):
-        if not self._check_step(wrapper):
+        applied = self._check_step(wrapper)
+        if self.listener is not None:
+            self.listener.on_resolved(applied)
+        if not applied:
             if getattr(prev, '_with_counter', False):
                 # A param scheduler's counter: a skipped step is still a call
                 # of optim_wrapper.step() to it, as an AMP overflow skip is.
@@ -271,7 +287,6 @@ class WrapperSentinel(object):
         # not hold the gradients (the parameters are the model's anyway).
         del grads
         hub = self.hub
-        hub.update_scalar('train/grad_norm', outcome.grad_norm)
         if outcome.loss_scale is not None:
             hub.update_scalar('train/loss_scale', outcome.loss_scale)
         if self.listener is not None:
@@ -283,30 +298,95 @@ class WrapperSentinel(object):
                 for spike in outcome.spikes:
                     _log('mmnanhook: %r' % spike, logging.WARNING)
             hub.update_scalar('train/spikes', len(self.check.spikes.spikes))
-        apply = True
+        apply, answer = True, {}
         if outcome.event is None:
             self.check.passed()
+        elif self._dropping is not None:
+            # The recomputed step failed too: not applied either.
+            _log('mmnanhook: the update step recomputed without sample(s) '
+                 '%s is not usable either (%s): skipped' % (
+                     self._dropping.indices,
+                     outcome.event.message.split('\n')[0]), logging.WARNING)
+            self.check.skip()
+            apply = False
         else:
             policy = (self.options.spike_policy
                       if outcome.event.trigger == Trigger.SPIKE else
                       self.options.policy)
             answer = self._notify(
-                outcome.event,
-                logging.WARNING if policy == 'warn' else logging.ERROR)
+                outcome.event, logging.ERROR if policy == 'raise' else
+                logging.WARNING)
             try:
                 apply = self.check.resolve(outcome.event, answer)
             except NonFiniteError:
                 # Training ends here; nothing will apply these gradients.
                 compat.release_grads(wrapper)
                 raise
+        if not apply and answer.get('drop') is not None:
+            return self._drop(wrapper, answer['drop'])
         hub.update_scalar('train/nan_skipped', self.check.skipped)
         if not apply:
+            if self._dropping is not None:
+                self._dropping.undo()
             wrapper.zero_grad()
             return False
+        # Only the norm of a step that is applied: a skipped step's
+        # non-finite norm would stay in the windows LogProcessor smooths.
+        hub.update_scalar('train/grad_norm', outcome.grad_norm)
         if wrapper.clip_grad_kwargs:
             reuse = clips and math.isfinite(outcome.grad_norm)
             self._clip = (params, outcome.total if reuse else None)
         return True
+
+    def _drop(self, wrapper, plan):
+        """Recompute the update step without ``plan.indices``; check it.
+
+        Same weights, optimizer state, LR and loss scale (nothing was
+        applied), the RNG state before the original forward, the loss
+        divided for accumulation as the original was.
+
+        Returns:
+            bool: Whether to apply the recomputed step.
+        """
+        wrapper.zero_grad()
+        plan.undo()
+        self.check.forget()
+        # backward() counts the micro-step again: the accumulation factor
+        # (scale_loss) and should_update() must see the original count.
+        count = wrapper._inner_count
+        wrapper._inner_count = count - 1
+        self._dropping = plan
+        try:
+            loss = plan.forward()
+            terms = (self.listener.loss_terms(loss)
+                     if self.listener is not None else None)
+            self._pending = (loss, terms)
+            wrapper.backward(wrapper.scale_loss(loss))
+        except Exception as error:  # noqa: BLE001 - falls back to skip
+            self._pending = None
+            self.check.forget()
+            wrapper._inner_count = count
+            self._dropping = None
+            _log('mmnanhook: recomputing the update step without sample(s) '
+                 '%s raised %s: %s; skipped' % (plan.indices,
+                                                type(error).__name__, error),
+                 logging.WARNING)
+            plan.undo()
+            wrapper.zero_grad()
+            self.check.skip()
+            self.hub.update_scalar('train/nan_skipped', self.check.skipped)
+            return False
+        wrapper._inner_count = count
+        try:
+            applied = self._check_step(wrapper)
+        finally:
+            self._dropping = None
+        if applied:
+            self.check.passed()
+            self.samples_dropped += len(plan.indices)
+            self.hub.update_scalar('train/samples_dropped',
+                                   self.samples_dropped)
+        return applied
 
     def _notify(self, event, level):
         """Hand ``event`` to the listener, or log it without one.

@@ -7,7 +7,7 @@ samplers, loops, EMA and default hooks. The child changes only what a run on
 a CPU with a synthetic dataset needs:
 
 * the dataset's ``data_root`` / annotation paths, two images per batch, no
-  loader worker processes, no val/test loops;
+  loader worker processes (unless asked), no val/test loops;
 * ``init_cfg=None`` for the backbone (nothing is downloaded);
 * a short schedule (``max_epochs`` / ``max_iters``; a ``PipelineSwitchHook``
   switches before its last epoch) and a fixed seed, so that two runs can be
@@ -172,7 +172,7 @@ def hook_line(**options):
 
 
 def child_config(name, data, work_dir, length=2, hook=None,
-                 hook_options=None, extra=None, seed=0):
+                 hook_options=None, extra=None, seed=0, workers=False):
     """Write and load a child config of the shipped ``name``.
 
     Args:
@@ -187,6 +187,8 @@ def child_config(name, data, work_dir, length=2, hook=None,
         extra (str, optional): More config text, appended last (a fault such
             as ``optim_wrapper = dict(optimizer=dict(lr=...))``).
         seed (int): The run's seed.
+        workers (bool): Keep the shipped dataloader's worker processes
+            (``num_workers``, ``persistent_workers``); by default none.
 
     Returns:
         mmengine.Config: Ready for ``Runner.from_cfg`` (or, with
@@ -198,11 +200,12 @@ def child_config(name, data, work_dir, length=2, hook=None,
         bases.append(osp.join(config_dir(), '_base_', 'nan_detect.py'))
     loop = dict(max_epochs=length) if entry.by_epoch else dict(
         max_iters=length)
+    loader = dict(batch_size=2, dataset=_dataset_override(entry.data, data))
+    if not workers:
+        loader.update(num_workers=0, persistent_workers=False)
     lines = [
         '_base_ = %r' % (bases, ),
-        'train_dataloader = %r' % (dict(
-            batch_size=2, num_workers=0, persistent_workers=False,
-            dataset=_dataset_override(entry.data, data)), ),
+        'train_dataloader = %r' % (loader, ),
         'model = dict(backbone=dict(init_cfg=None))',
         'train_cfg = dict(%s, val_interval=1000)' % ', '.join(
             '%s=%r' % kv for kv in loop.items()),

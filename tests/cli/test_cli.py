@@ -28,6 +28,7 @@ from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError, compat
 from mmnanhook.bundle import load_bundle
+from mmnanhook.quarantine import read_quarantine
 from mmnanhook.sentinel import capture_rng, restore_rng
 from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
 from mmnanhook.testing import testbed
@@ -286,7 +287,8 @@ def test_scan_names_exactly_the_bad_images(tmp_path, config, defects):
     assert 2 not in defects
     missing = data['images'][2]
     os.remove(osp.join(data['img_dir'], missing))
-    result = _scan(config, data, tmp_path)
+    listed = str(tmp_path / 'quarantine.json')
+    result = _scan(config, data, tmp_path, '--quarantine', listed)
     assert result.returncode == 1, result.stdout + result.stderr
     # A 'tiny' box (1 px) is valid: that image must not be listed.
     bad = sorted([d['image'] for d in data['defects'] if d['kind'] != 'tiny']
@@ -294,6 +296,15 @@ def test_scan_names_exactly_the_bad_images(tmp_path, config, defects):
     assert _flagged(result.stdout) == bad
     assert '    the pipeline failed: FileNotFoundError' in result.stdout
     assert _summary(result.stdout) == ('8', str(len(bad)))
+    # The same samples as a quarantine list a run can start from.
+    samples = read_quarantine(listed, 8)
+    assert sorted(osp.basename(s.file) for s in samples) == bad
+    assert all(s.source == 'scan' and s.reason for s in samples)
+    printed = re.findall(r'^sample (\d+) (.+):$', result.stdout, re.MULTILINE)
+    assert [(s.indices, s.file) for s in samples] == [
+        ([int(index)], path) for index, path in printed]
+    assert 'quarantine list of %d samples: %s' % (len(bad), listed) in \
+        result.stdout
 
 
 @pytest.mark.parametrize('config,defect', [

@@ -1,0 +1,64 @@
+"""What a batch from an MMEngine dataloader holds per sample: how many
+samples, and the sub-batch of some of them (the diagnosis replays samples
+alone; ``policy='drop'`` recomputes a step without some)."""
+from collections.abc import Mapping
+
+import torch
+
+
+def batch_size(data_batch):
+    """Number of samples in a batch, or ``None`` when it cannot be told.
+
+    ``inputs`` decides for mmengine batches (a list with one entry per
+    sample, or a stacked tensor); otherwise the first list or tensor found.
+
+    Args:
+        data_batch: A batch from an mmengine dataloader.
+    """
+    if isinstance(data_batch, Mapping):
+        order = ['inputs'] if 'inputs' in data_batch else []
+        order += [k for k in data_batch if k != 'inputs']
+        for key in order:
+            n = _length(data_batch[key])
+            if n:
+                return n
+        return None
+    return _length(data_batch)
+
+
+def _length(value):
+    if isinstance(value, torch.Tensor):
+        return int(value.shape[0]) if value.dim() > 0 else None
+    if isinstance(value, (list, tuple)):
+        return len(value) or None
+    if isinstance(value, Mapping):
+        return batch_size(value)
+    return None
+
+
+def split_batch(data_batch, indices):
+    """The sub-batch holding only the samples at ``indices``.
+
+    Every list, tuple or tensor whose length is the batch size is indexed;
+    everything else is shared.
+
+    Args:
+        data_batch: A batch from an mmengine dataloader.
+        indices (list[int]): Samples to keep, in order.
+    """
+    n = batch_size(data_batch)
+    index = torch.as_tensor(list(indices), dtype=torch.long)
+
+    def take(value):
+        if (isinstance(value, torch.Tensor) and value.dim() > 0
+                and value.shape[0] == n):
+            return value[index.to(value.device)]
+        if isinstance(value, list) and len(value) == n:
+            return [value[i] for i in indices]
+        if isinstance(value, tuple) and len(value) == n:
+            return tuple(value[i] for i in indices)
+        if isinstance(value, Mapping):
+            return type(value)((k, take(v)) for k, v in value.items())
+        return value
+
+    return take(data_batch)

@@ -1,0 +1,17 @@
+"""The data side of recovery: samples that a run never loads again.
+
+* :mod:`._file`: ``nan_quarantine.json``, its records and atomic writes.
+* :mod:`._sampler`: :class:`QuarantineSampler`, a good index in place of a
+  quarantined one, in the main process (worker processes included).
+* :mod:`._list`: :class:`Quarantine`, one run's list, read back on resume.
+"""
+from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
+                    read_quarantine, write_quarantine)
+from ._list import Quarantine, start_quarantine
+from ._sampler import QuarantineSampler, install_sampler
+
+__all__ = [
+    'FILE_NAME', 'FORMAT', 'Quarantine', 'QuarantineError',
+    'QuarantineSampler', 'QuarantinedSample', 'install_sampler',
+    'read_quarantine', 'start_quarantine', 'write_quarantine'
+]

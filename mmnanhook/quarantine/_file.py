@@ -1,0 +1,154 @@
+"""``nan_quarantine.json``: the samples a run must never load again.
+
+One entry per sample (its image file), with every index of the train
+dataset that loads that file (a ``RepeatDataset`` or ``ConcatDataset`` may
+hold it more than once), why it was quarantined, and where::
+
+    {"format": "mmnanhook-quarantine", "version": 1,
+     "samples": [{"file": "data/coco/train2017/000123.jpg", "indices": [122],
+                  "reason": "the annotation declares the image 640x320 ...",
+                  "iter": 3, "epoch": 0, "rank": 0, "source": "drop"}]}
+
+``mmnan scan CONFIG --quarantine OUT`` writes the same format (``source``
+``"scan"``), so a reviewed list can start a run (``quarantine=PATH``).
+Written atomically (a temporary file renamed over the old one).
+"""
+import json
+import os
+import os.path as osp
+import tempfile
+
+FORMAT = 'mmnanhook-quarantine'
+VERSION = 1
+FILE_NAME = 'nan_quarantine.json'
+
+
+class QuarantineError(ValueError):
+    """A quarantine file that cannot be used: names the file and why."""
+
+
+class QuarantinedSample(object):
+    """One sample a run never loads again.
+
+    Args:
+        indices (list[int]): Indices of the train dataset that load it.
+        file (str, optional): Its image file.
+        reason (str): Why it was quarantined.
+        iter (int, optional): The iteration it failed in.
+        epoch (int, optional): The epoch.
+        rank (int, optional): The rank whose batch held it.
+        source (str): ``'drop'``, ``'skip'``, ``'rewind'`` or ``'scan'``.
+    """
+
+    __slots__ = ('indices', 'file', 'reason', 'iter', 'epoch', 'rank',
+                 'source')
+
+    def __init__(self, indices, file=None, reason='', iter=None, epoch=None,
+                 rank=None, source='drop'):
+        self.indices = sorted(set(int(i) for i in indices))
+        self.file = file
+        self.reason = reason
+        self.iter = iter
+        self.epoch = epoch
+        self.rank = rank
+        self.source = source
+
+    def to_dict(self):
+        return dict((k, getattr(self, k)) for k in self.__slots__)
+
+    @classmethod
+    def from_dict(cls, data):
+        return cls(**dict((k, data[k]) for k in cls.__slots__ if k in data))
+
+    def __repr__(self):
+        return 'QuarantinedSample(%s)' % ', '.join(
+            '%s=%r' % (k, getattr(self, k)) for k in self.__slots__)
+
+
+def read_quarantine(path, dataset_length=None):
+    """The samples of a quarantine file.
+
+    Args:
+        path (str): The file.
+        dataset_length (int, optional): Length of the train dataset; an
+            index outside it is an error.
+
+    Returns:
+        list[QuarantinedSample]
+
+    Raises:
+        QuarantineError: Naming ``path``: unreadable, not JSON, not this
+            format, or an index that is not one of the dataset.
+    """
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as error:
+        raise QuarantineError('quarantine file %s cannot be read: %s: %s' %
+                              (path, type(error).__name__, error))
+    if not isinstance(data, dict) or data.get('format') != FORMAT:
+        raise QuarantineError(
+            'quarantine file %s is not an mmnanhook quarantine list (no '
+            '"format": "%s")' % (path, FORMAT))
+    if data.get('version') != VERSION:
+        raise QuarantineError('quarantine file %s has version %r; this '
+                              'mmnanhook reads version %d' %
+                              (path, data.get('version'), VERSION))
+    samples = []
+    for n, entry in enumerate(data.get('samples') or []):
+        indices = entry.get('indices') if isinstance(entry, dict) else None
+        if (not isinstance(indices, list) or not indices or not all(
+                isinstance(i, int) and not isinstance(i, bool)
+                for i in indices)):
+            raise QuarantineError(
+                'quarantine file %s: sample #%d has no list of integer '
+                '"indices"' % (path, n))
+        bad = [i for i in indices if i < 0 or (
+            dataset_length is not None and i >= dataset_length)]
+        if bad:
+            raise QuarantineError(
+                'quarantine file %s: sample #%d names index %d, outside the '
+                'train dataset (%s samples)' % (
+                    path, n, bad[0], dataset_length
+                    if dataset_length is not None else 'no negative'))
+        samples.append(QuarantinedSample.from_dict(entry))
+    return samples
+
+
+def write_quarantine(path, samples):
+    """Write ``samples`` to ``path`` atomically.
+
+    Raises:
+        OSError: The directory is not writable (the caller decides).
+    """
+    data = dict(format=FORMAT, version=VERSION,
+                samples=[s.to_dict() for s in samples])
+    directory = osp.dirname(osp.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix='.' + osp.basename(path) + '.',
+                               dir=directory)
+    try:
+        with os.fdopen(fd, 'w') as f:
+            json.dump(data, f, indent=1)
+            f.write('\n')
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if osp.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def check_writable(path):
+    """Raise :class:`QuarantineError` unless ``path`` can be written.
+
+    Creates the directory; writes nothing else.
+    """
+    directory = osp.dirname(osp.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=directory, delete=True)
+        probe.close()
+    except OSError as error:
+        raise QuarantineError('quarantine file %s cannot be written: %s' %
+                              (path, error))

@@ -1,0 +1,133 @@
+"""The quarantine on a real detector: a dropped sample is never loaded again
+(2 persistent worker processes, a shuffling sampler), the list is written
+and read back, a reviewed list starts a run, bad lists fail before training.
+
+The tiny RetinaNet on VOC data with one zero-width box (``loss_bbox`` is
+``inf``): 8 images, batches of 2, 4 iterations an epoch.
+"""
+import json
+import math
+import os
+import os.path as osp
+
+import pytest
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+from mmnanhook.quarantine import QuarantineError, read_quarantine
+from mmnanhook.testing import testbed
+
+BAD = 3
+EPOCHS = 3
+
+
+class _Files(Hook):
+    """The image files of every iteration's batch, per epoch."""
+
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self.files = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.files.append((runner.epoch, [
+            s.metainfo['img_path'] for s in data_batch['data_samples']]))
+
+
+def _runner(tmp_path, work, hook, defects=None, epochs=EPOCHS, **cfg_extra):
+    data = testbed.make_dataset('retinanet_voc', str(tmp_path / 'data'),
+                                num_images=8,
+                                defects={BAD: 'zero_size'}
+                                if defects is None else defects)
+    cfg = testbed.tiny_config('retinanet_voc', data, str(tmp_path / work),
+                              log_level='INFO')
+    cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=epochs)
+    # As the zoo configs load: worker processes that live across epochs,
+    # a shuffling sampler.
+    cfg.train_dataloader.update(num_workers=2, persistent_workers=True,
+                                sampler=dict(type='DefaultSampler',
+                                             shuffle=True))
+    cfg.log_processor = dict(type='LogProcessor', window_size=50,
+                             by_epoch=True)
+    cfg.merge_from_dict(cfg_extra)
+    cfg.custom_imports = dict(imports=['mmnanhook'],
+                              allow_failed_imports=False)
+    cfg.custom_hooks = [dict(hook, type='NanDetectHook')]
+    runner = Runner.from_cfg(cfg)
+    files = _Files()
+    runner.register_hook(files)
+    return runner, files, data
+
+
+def _bad_file(data):
+    return osp.join(data['img_dir'], data['defect_images'][0])
+
+
+@pytest.mark.mmdet
+def test_a_dropped_sample_is_quarantined_and_never_loaded_again(tmp_path):
+    runner, files, data = _runner(tmp_path, 'drop', dict(policy='drop'))
+    runner.train()
+    bad = _bad_file(data)
+    assert runner.epoch == EPOCHS and runner.iter == 4 * EPOCHS
+    seen = [(epoch, batch) for epoch, batch in files.files if bad in batch]
+    # Loaded once, in the first epoch, then never again; every batch full.
+    assert [epoch for epoch, _ in seen] == [0]
+    assert all(len(batch) == 2 for _, batch in files.files)
+    assert [e for e, _ in files.files] == sorted(
+        [e for e in range(EPOCHS)] * 4)
+    hub = runner.message_hub
+    assert hub.get_scalar('train/samples_dropped').current() == 1
+    assert hub.get_scalar('train/nan_skipped').current() == 0
+    for name in ('train/loss', 'train/loss_bbox', 'train/grad_norm'):
+        values = list(hub.get_scalar(name).data[0])
+        assert len(values) == 4 * EPOCHS, name
+        assert all(math.isfinite(v) for v in values), name
+    # The list names the bad image alone, with its dataset index.
+    path = osp.join(runner.work_dir, 'nan_quarantine.json')
+    (sample, ) = read_quarantine(path, 8)
+    assert sample.file == bad and sample.source == 'drop'
+    assert sample.indices == [BAD]
+    assert 'zero width' in sample.reason
+    assert sample.iter == files.files.index(seen[0])
+    # One cause, one bundle.
+    dumps = osp.join(runner.work_dir, 'nan_dumps')
+    assert len([d for d in os.listdir(dumps) if not d.startswith('.')]) == 1
+
+
+@pytest.mark.mmdet
+def test_a_reviewed_list_keeps_its_samples_out_from_the_start(tmp_path):
+    reviewed = tmp_path / 'reviewed.json'
+    reviewed.write_text(json.dumps(dict(
+        format='mmnanhook-quarantine', version=1, samples=[dict(
+            indices=[BAD], file='000003.jpg', reason='reviewed by hand',
+            source='scan')])))
+    runner, files, data = _runner(
+        tmp_path, 'reviewed', dict(policy='raise', quarantine=str(reviewed)),
+        epochs=2)
+    runner.train()  # the bad image is never loaded: nothing triggers
+    bad = _bad_file(data)
+    assert not [b for _, b in files.files if bad in b]
+    assert runner.iter == 8 and all(len(b) == 2 for _, b in files.files)
+
+
+@pytest.mark.mmdet
+@pytest.mark.parametrize('case', ['outside', 'unwritable'])
+def test_a_bad_quarantine_stops_before_the_first_iteration(tmp_path, case):
+    reviewed = tmp_path / 'reviewed.json'
+    reviewed.write_text(json.dumps(dict(
+        format='mmnanhook-quarantine', version=1,
+        samples=[dict(indices=[8], file='x.jpg')])))
+    hook = dict(policy='drop')
+    if case == 'outside':
+        hook['quarantine'] = str(reviewed)
+        message = 'names index 8, outside the train dataset'
+    else:
+        # A file where the directory should be: unwritable even for root.
+        blocker = tmp_path / 'blocker'
+        blocker.write_text('')
+        hook['quarantine_file'] = str(blocker / 'q.json')
+        message = 'cannot be written'
+    runner, files, _ = _runner(tmp_path, case, hook, epochs=1)
+    with pytest.raises(QuarantineError, match=message):
+        runner.train()
+    assert files.files == []
