@@ -16,6 +16,10 @@ Measured per run, all in the same process and run:
 * ``replay``: the diagnosis alone (``report['elapsed_s']``); ``total -
   replay`` is mostly the bundle's disk I/O (torch.save, fsync, plot).
 
+With ``--policy drop`` the failing iteration does not raise: ``total`` is its
+span (diagnosis, bundle, the step recomputed without the bad sample and
+applied, the quarantine written) minus one ``iter``: what one drop costs.
+
 Reported: the median over ``--repeats`` fresh runs [min, max], and
 ``total`` and ``replay`` as multiples of ``iter``. The first run of a
 process also pays one-time imports (e.g. matplotlib for ``history.png``).
@@ -28,9 +32,11 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/diagnosis_time.py --threads 1
     python benchmarks/diagnosis_time.py --models rotated_retinanet
+    python benchmarks/diagnosis_time.py --models zoo_retinanet_r50 --policy drop
 """
 import argparse
 import datetime
+import json
 import os
 import os.path as osp
 import platform
@@ -93,7 +99,7 @@ def _loader_order(cfg):
             for i in range(len(dataset))]
 
 
-def _zoo_runner(name, clean_iters, work_dir):
+def _zoo_runner(name, clean_iters, work_dir, policy='raise'):
     """A Runner of the shipped config ``name`` whose batch ``clean_iters``
     gets a zero-width GT box."""
     from mmengine.hooks import Hook
@@ -104,6 +110,7 @@ def _zoo_runner(name, clean_iters, work_dir):
                                 num_images=2 * (clean_iters + 1))
     cfg = zoo.child_config(name, data, osp.join(work_dir, 'run'), length=1,
                            hook='line', hook_options=dict(
+                               policy=policy,
                                dump_dir=osp.join(work_dir, 'dumps')))
     cfg.log_level = 'WARNING'
     cfg.default_hooks.checkpoint = None
@@ -121,21 +128,23 @@ def _zoo_runner(name, clean_iters, work_dir):
     return runner
 
 
-def _run(name, overrides, defect, clean_iters, warmup, work_dir):
+def _run(name, overrides, defect, clean_iters, warmup, work_dir,
+         policy='raise'):
     """One run: clean iteration times, the failing iteration's span, its
     report and the bundle's size in bytes."""
     from mmengine.runner import Runner
 
     from mmnanhook.testing import testbed
     if name.startswith('zoo:'):
-        return _measure(_zoo_runner(name[4:], clean_iters, work_dir),
-                        clean_iters, warmup)
+        return _measure(_zoo_runner(name[4:], clean_iters, work_dir, policy),
+                        clean_iters, warmup, osp.join(work_dir, 'dumps'))
     overrides = getattr(testbed, overrides) if overrides else {}
     batch = 2
     num_images = batch * (clean_iters + 1)
     root = osp.join(work_dir, 'data')
     data = testbed.make_dataset(name, root, num_images=num_images)
-    hook = dict(type='NanDetectHook', dump_dir=osp.join(work_dir, 'dumps'))
+    hook = dict(type='NanDetectHook', policy=policy,
+                dump_dir=osp.join(work_dir, 'dumps'))
 
     def config():
         cfg = testbed.tiny_config(name, data, osp.join(work_dir, 'run'),
@@ -151,16 +160,25 @@ def _run(name, overrides, defect, clean_iters, warmup, work_dir):
     index = data['images'].index(last)
     data = testbed.make_dataset(name, root, num_images=num_images,
                                 defects={index: defect})
-    return _measure(Runner.from_cfg(config()), clean_iters, warmup)
+    return _measure(Runner.from_cfg(config()), clean_iters, warmup,
+                    osp.join(work_dir, 'dumps'))
 
 
-def _measure(runner, clean_iters, warmup):
+def _measure(runner, clean_iters, warmup, dumps):
     from mmnanhook import NonFiniteError
     span = _Span()
     for h in span.hooks:
         runner.register_hook(h)
     try:
         runner.train()
+        dropped = runner.message_hub.log_scalars.get('train/samples_dropped')
+        if dropped is not None and dropped.current() == 1:
+            # policy='drop': the failing iteration went on.
+            (bundle, ) = [osp.join(dumps, d) for d in os.listdir(dumps)]
+            with open(osp.join(bundle, 'report.json')) as f:
+                report = json.load(f)
+            return (span.iters[warmup:clean_iters], span.iters[clean_iters],
+                    report, _du(bundle))
     except NonFiniteError as error:
         failing = time.perf_counter() - span.start
         if error.iter != clean_iters or error.bundle is None:
@@ -195,6 +213,10 @@ def main(argv=None):
                         help="torch intra-op threads (default: torch's "
                         'choice)')
     parser.add_argument('--work-dir', help='default: a temporary directory')
+    parser.add_argument('--policy', choices=('raise', 'drop'),
+                        default='raise',
+                        help="NanDetectHook's policy (default 'raise'; "
+                        "'drop' measures one drop)")
     args = parser.parse_args(argv)
     if (args.clean_iters < 1 or args.repeats < 1 or args.warmup < 0
             or args.warmup >= args.clean_iters):
@@ -216,8 +238,8 @@ def main(argv=None):
          platform.python_version(), torch.__version__,
          torch.get_num_threads()),
         '# %d fresh runs x %d clean iterations (%d warm-up) then one planted '
-        'degenerate box; median [min, max] over runs' %
-        (args.repeats, args.clean_iters, args.warmup), '',
+        'degenerate box, policy=%r; median [min, max] over runs' %
+        (args.repeats, args.clean_iters, args.warmup, args.policy), '',
         '| model | torch | iter s | bundle + report s | of which replay s | '
         'bundle + report / iter | replay / iter | bundle MB |',
         '| --- | --- | --- | --- | --- | --- | --- | --- |',
@@ -227,7 +249,7 @@ def main(argv=None):
         for repeat in range(args.repeats):
             times, failing, report, size = _run(
                 name, overrides, defect, args.clean_iters, args.warmup,
-                osp.join(work_root, key, str(repeat)))
+                osp.join(work_root, key, str(repeat)), args.policy)
             iter_s = statistics.median(times)
             iters.append(iter_s)
             totals.append(failing - iter_s)

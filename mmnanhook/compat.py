@@ -21,6 +21,15 @@ LOG_CALLER = {'stacklevel': 2} if sys.version_info >= (3, 8) else {}
 
 TORCH_VERSION = digit_version(torch.__version__.split('+')[0])
 
+# mmengine 0.10.7 resumes with torch.load's default weights_only, which torch
+# >= 2.6 makes True, and its own checkpoints then fail to load (mmengine's
+# limit, not mmnanhook's): why a resume cannot be tested there, or None.
+RESUME_BROKEN = (
+    "mmengine 0.10.7 resumes with torch.load's default weights_only, which "
+    'torch >= 2.6 makes True and its checkpoints fail (mmengine, not '
+    'mmnanhook); the DOTA leg (torch 1.7) runs it'
+    if TORCH_VERSION >= digit_version('2.6.0') else None)
+
 # torch.load(weights_only=) exists since 1.13 and defaults to True since 2.6;
 # bundles hold data samples with numpy metainfo, so they need False.
 _LOAD_HAS_WEIGHTS_ONLY = 'weights_only' in inspect.signature(torch.load).parameters

@@ -21,13 +21,14 @@ from . import compat
 from ._mmengine import unwrap_model
 from .errors import CheckBypassedError, NonFiniteError
 from .diagnosis import default_dump_dir, handle_incident, largest_param
-from .options import (CheckOptions, RewindOptions, check_anomaly, check_bool,
-                      check_count, check_path, is_count)
-from .quarantine import read_quarantine, start_quarantine
+from .options import (CheckOptions, QuarantineOptions, RewindOptions,
+                      check_anomaly, check_bool, check_count, check_path,
+                      is_count)
+from .quarantine import start_quarantine
 from .diagnosis import divergence_evidence
 from .diagnosis._divergence import rising as _rising
-from .records import NonFiniteEvent, Report, Trigger
-from .report import report_card
+from .records import NonFiniteEvent, Trigger
+from .report import to_visualizer
 from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, Dropper, History,
                        Listener, Rewinder, StepContext, StepMemory,
                        answer_text, install_nan_detect, loss_terms,
@@ -61,7 +62,9 @@ class NanDetectHook(Hook, Listener):
             ``'warn'`` log and step as MMEngine would have; ``'rewind'``
             go back to the last good snapshot before the divergence (or skip,
             when nothing diverged: a single bad batch) and lower the LR for
-            a while.
+            a while; ``'drop'`` recompute the step without the samples the
+            diagnosis singles out, apply it and quarantine them (or skip,
+            saying why, when none can be singled out).
         max_skips (int): Consecutive skipped update steps after which
             ``'skip'`` raises. Defaults to 10.
         min_loss_scale (float, optional): Under AMP, a loss scale below this
@@ -164,14 +167,8 @@ class NanDetectHook(Hook, Listener):
         check_bool('replay', replay)
         check_count('history', history, 0)
         check_bool('dump_optimizer', dump_optimizer)
-        check_path('quarantine', quarantine)
-        check_path('quarantine_file', quarantine_file)
-        check_bool('quarantine_skips', quarantine_skips)
-        if quarantine is not None:
-            read_quarantine(quarantine)  # a bad file fails here, named
-        self.quarantine = quarantine
-        self.quarantine_file = quarantine_file
-        self.quarantine_skips = quarantine_skips
+        self.quarantine_options = QuarantineOptions(
+            quarantine, quarantine_file, quarantine_skips)
         self.anomaly = anomaly
         self.dump_dir = dump_dir
         self.max_dumps = max_dumps
@@ -235,10 +232,10 @@ class NanDetectHook(Hook, Listener):
         if opts.policy == 'drop':
             self._dropper = Dropper(model, self._handle.wrappers,
                                     self._logger.log)
-        if opts.policy == 'drop' or self.quarantine_skips or \
-                self.quarantine:
+        quarantine = self.quarantine_options
+        if quarantine.used_by(opts.policy):
             self._quarantine = start_quarantine(
-                runner, self.quarantine, self.quarantine_file)
+                runner, quarantine.reviewed, quarantine.path)
 
     def after_train(self, runner):
         self._restore()
@@ -466,7 +463,8 @@ class NanDetectHook(Hook, Listener):
         self._step['applied'] = applied
         found = self._dropper.take_found() if self._dropper else None
         if applied and found:
-            self._quarantine_found(found, self._step['event'], 'drop')
+            self._quarantine.record(found, self._step['event'], 'drop',
+                                    self._logger)
 
     def on_spike(self, spikes):
         for spike in spikes:
@@ -516,11 +514,11 @@ class NanDetectHook(Hook, Listener):
             result['drop'] = self._dropper.plan(
                 event, result.get('report'), self._memory.get(event.fail_iter),
                 self._memory.window, self._buffers.restore)
-        elif (self.quarantine_skips and policy in ('skip', 'rewind')
+        elif (self.quarantine_options.skips and policy in ('skip', 'rewind')
               and not spike and (result.get('report') or {}).get(
                   'kind') == 'data'):
-            self._quarantine_found(result['report']['samples'], event,
-                                   policy)
+            self._quarantine.record(result['report']['samples'], event,
+                                    policy, self._logger)
         if rewind:
             model = unwrap_model(self._runner.model)
             since = evidence['began_at'] if evidence else event.iter
@@ -539,49 +537,6 @@ class NanDetectHook(Hook, Listener):
                         else 'training started from', self._rewinder.factor,
                         self.rewind_options.cooldown))
         return result or None
-
-    def _quarantine_found(self, findings, event, source):
-        """Quarantine the samples of a handled trigger; write the list."""
-        added, unknown = self._quarantine.add_found(
-            findings, iter=event.iter, epoch=event.epoch, rank=event.rank,
-            source=source)
-        for finding in unknown:
-            self._logger.warning(
-                'mmnanhook: sample %s of the batch (%s) cannot be '
-                'quarantined: no index of the train dataset loads it' %
-                (finding.get('index'), finding.get('img_path')))
-        if not added:
-            return
-        try:
-            self._quarantine.save()
-            where = 'listed in %s' % self._quarantine.path
-        except OSError as error:
-            where = 'NOT written to %s (%s): quarantined in this run only' % (
-                self._quarantine.path, error)
-        for sample in added:
-            self._logger.warning(
-                'mmnanhook: quarantined %s (dataset index %s): never loaded '
-                'again in this run; %s' % (sample.file, ', '.join(
-                    map(str, sample.indices)), where))
-
-    def _visualize(self, event, result):
-        """Send the sample pictures and the report summary to the runner's
-        visualizer: they land in every backend the config set up."""
-        visualizer = getattr(self._runner, 'visualizer', None)
-        if visualizer is None:
-            return
-        try:
-            card = report_card(Report.from_dict(result['report']), event.iter)
-            for picture in list(result.get('pictures') or []) + [card]:
-                # No '/': LocalVisBackend writes '<name>_<step>.png' into one
-                # directory and silently drops a name with a subdirectory.
-                name = 'mmnanhook_' + (picture.view if picture.index < 0 else
-                                       picture.name.rsplit('.', 1)[0])
-                visualizer.add_image(name, picture.rgb(), step=event.iter)
-        except Exception as error:  # noqa: BLE001 - never costs the policy
-            self._logger.warning('mmnanhook: the visualizer did not take the '
-                                 'pictures: %s: %s' % (type(error).__name__,
-                                                       error))
 
     def _weights_broken(self):
         # Failure path: a sync per parameter is fine here.
@@ -635,7 +590,8 @@ class NanDetectHook(Hook, Listener):
             dump_optimizer=self.dump_optimizer,
             anomaly=self.anomaly != 'never', divergence=evidence,
             start_weight=self._start_weight, level=level)
-        self._visualize(event, result)
+        to_visualizer(getattr(runner, 'visualizer', None), result,
+                      event.iter, self._logger)
         # What the diagnosis allocated is free now: give it back.
         compat.trim_heap()
         self._logger.info('mmnanhook: diagnosis and bundle took %.2f s' %

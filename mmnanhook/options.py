@@ -208,3 +208,38 @@ class RewindOptions(object):
         self.lr_factor = lr_factor
         self.cooldown = cooldown
         self.max_rewinds = max_rewinds
+
+
+class QuarantineOptions(object):
+    """The options of the quarantine, validated.
+
+    Args:
+        quarantine (str, optional): A reviewed list to start from; read
+            now, so a file that is not one fails at build time.
+        quarantine_file (str, optional): Where the run's list is written
+            (``None``: ``{work_dir}/nan_quarantine.json``).
+        quarantine_skips (bool): Whether ``'skip'`` and ``'rewind'``
+            quarantine the samples a diagnosis names too.
+
+    Raises:
+        ValueError: Naming the first bad option, or the file (a
+            :class:`~mmnanhook.quarantine.QuarantineError`).
+    """
+
+    __slots__ = ('reviewed', 'path', 'skips')
+
+    def __init__(self, quarantine=None, quarantine_file=None,
+                 quarantine_skips=False):
+        check_path('quarantine', quarantine)
+        check_path('quarantine_file', quarantine_file)
+        check_bool('quarantine_skips', quarantine_skips)
+        if quarantine is not None:
+            from .quarantine import read_quarantine
+            read_quarantine(quarantine)
+        self.reviewed = quarantine
+        self.path = quarantine_file
+        self.skips = quarantine_skips
+
+    def used_by(self, policy):
+        """Whether a run under ``policy`` keeps a quarantine."""
+        return policy == 'drop' or self.skips or self.reviewed is not None

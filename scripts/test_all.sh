@@ -28,8 +28,10 @@ stop_legs() {
 trap 'echo "[test] interrupted: stopping both legs" >&2; stop_legs; exit 130' INT TERM HUP
 
 # A leg alone on its core: the zoo tests' two threads would take the other
-# leg's core.
+# leg's core, until that leg is done (tests/zoo reads the file per test).
 export MMNANHOOK_TEST_THREADS=1
+export MMNANHOOK_TEST_THREADS_FILE=$logs/threads
+echo 1 >"$MMNANHOOK_TEST_THREADS_FILE"
 for leg in "${legs[@]}"; do
     # setsid: the leg leads a process group of its own, so `kill -- -PID`
     # reaches everything it started.
@@ -65,6 +67,7 @@ while [ "$running" -gt 0 ]; do
             rc[$leg]=$(cat "$logs/$leg.rc" 2>/dev/null || echo 1)
             took[$leg]=$(elapsed "$leg")
             running=$((running - 1))
+            echo 2 >"$MMNANHOOK_TEST_THREADS_FILE"
             echo "[test] $leg leg finished (exit ${rc[$leg]}, ${took[$leg]} s)"
         fi
     done

@@ -126,6 +126,38 @@ class Quarantine(object):
                 sample if sample is not None else finding)
         return added, unknown
 
+    def record(self, findings, event, source, logger):
+        """Quarantine the samples a handled trigger's report names, write
+        the list, and log what happened.
+
+        Args:
+            findings (list[dict]): The report's sample findings.
+            event (NonFiniteEvent): The trigger.
+            source (str): The policy that handled it.
+            logger (logging.Logger): Where it is said.
+        """
+        added, unknown = self.add_found(
+            findings, iter=event.iter, epoch=event.epoch, rank=event.rank,
+            source=source)
+        for finding in unknown:
+            logger.warning(
+                'mmnanhook: sample %s of the batch (%s) cannot be '
+                'quarantined: no index of the train dataset loads it' %
+                (finding.get('index'), finding.get('img_path')))
+        if not added:
+            return
+        try:
+            self.save()
+            where = 'listed in %s' % self.path
+        except OSError as error:
+            where = 'NOT written to %s (%s): quarantined in this run only' % (
+                self.path, error)
+        for sample in added:
+            logger.warning(
+                'mmnanhook: quarantined %s (dataset index %s): never loaded '
+                'again in this run; %s' % (sample.file, ', '.join(
+                    map(str, sample.indices)), where))
+
     def save(self):
         """Write the list (atomically).
 

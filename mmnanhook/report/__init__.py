@@ -6,6 +6,8 @@ one-line summary, its hints and its text.
 * :mod:`._text`: :func:`format_report`.
 * :mod:`._pictures`: pictures of the implicated samples.
 * :mod:`._html`: ``report.html``, self-contained.
+* :mod:`._visualizer`: the pictures and the report card to the MMEngine
+  visualizer.
 """
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
 from ._hints import make_hints
@@ -14,6 +16,7 @@ from ._pictures import (Picture, finding_pictures, pipeline_image, report_card,
                         sample_pictures)
 from ._summary import summarize
 from ._text import format_report
+from ._visualizer import to_visualizer
 
 
 def new_report():
@@ -36,5 +39,5 @@ __all__ = [
     'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'finalize',
     'finding_pictures', 'format_report', 'make_hints', 'new_report',
     'pipeline_image', 'render_html', 'report_card', 'sample_pictures',
-    'summarize'
+    'summarize', 'to_visualizer'
 ]

@@ -244,9 +244,13 @@ def test_pictures_and_scalars_reach_tensorboard(tmp_path):
     stored = _read_png(osp.join(bundles[0], 'sample1_input.png'))
     assert decoded.shape == stored.shape
     assert np.abs(decoded.astype(int) - stored.astype(int)).max() <= 1
-    # Scalars keep flowing: every iteration, the skipped one included.
-    assert {'loss', 'grad_norm'} <= set(tags['scalars'])
-    assert [e.step for e in acc.Scalars('loss')] == [1, 2]
+    # Scalars keep flowing, every iteration; the skipped one (iter 0, step
+    # 1) adds no loss and no gradient norm to what LogProcessor smooths.
+    assert {'loss', 'grad_norm', 'lr'} <= set(tags['scalars'])
+    assert [e.step for e in acc.Scalars('lr')] == [1, 2]
+    for tag in ('loss', 'grad_norm'):
+        assert [e.step for e in acc.Scalars(tag)] == [2], tag
+        assert all(np.isfinite(e.value) for e in acc.Scalars(tag)), tag
     # The local backend got the same pictures.
     local = osp.join(runner.log_dir, 'vis_data', 'vis_image')
     assert (_read_png(osp.join(local, 'mmnanhook_sample1_input_0.png'))

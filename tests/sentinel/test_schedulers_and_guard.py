@@ -14,7 +14,6 @@ import pytest
 import torch
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapper
-from mmengine.utils import digit_version
 
 from mmnanhook import CheckBypassedError, NonFiniteError, compat
 from mmnanhook.sentinel import sentinel_of
@@ -234,11 +233,8 @@ def test_auto_scale_lr_is_applied_once_and_checked(tmp_path):
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
 
 
-@pytest.mark.skipif(
-    compat.TORCH_VERSION >= digit_version('2.6.0'),
-    reason="mmengine 0.10.7 resumes with torch.load's default weights_only, "
-    'which torch >= 2.6 makes True and its checkpoints fail (mmengine, not '
-    'mmnanhook); the DOTA leg (torch 1.7) runs it')
+@pytest.mark.skipif(compat.RESUME_BROKEN is not None,
+                    reason=str(compat.RESUME_BROKEN))
 def test_resumed_run_is_checked_and_schedules_as_without_the_hook(tmp_path):
     first = make_runner(tmp_path / 'first', param_scheduler=SCHEDULE,
                         max_iters=4,

@@ -1,0 +1,31 @@
+"""The pictures of a diagnosis and its report card, to the MMEngine
+visualizer: they land in every backend the config set up (TensorBoard, W&B,
+local files)."""
+from ..records import Report
+from ._pictures import report_card
+
+
+def to_visualizer(visualizer, result, step, logger):
+    """Send a diagnosis' pictures and report card to ``visualizer``.
+
+    Args:
+        visualizer (Visualizer, optional): The runner's; nothing without.
+        result (dict): What the incident returned (``report``,
+            ``pictures``).
+        step (int): The trigger's iteration.
+        logger (logging.Logger): Where a failure is said (it never costs
+            the policy).
+    """
+    if visualizer is None:
+        return
+    try:
+        card = report_card(Report.from_dict(result['report']), step)
+        for picture in list(result.get('pictures') or []) + [card]:
+            # No '/': LocalVisBackend writes '<name>_<step>.png' into one
+            # directory and silently drops a name with a subdirectory.
+            name = 'mmnanhook_' + (picture.view if picture.index < 0 else
+                                   picture.name.rsplit('.', 1)[0])
+            visualizer.add_image(name, picture.rgb(), step=step)
+    except Exception as error:  # noqa: BLE001 - never costs the policy
+        logger.warning('mmnanhook: the visualizer did not take the '
+                       'pictures: %s: %s' % (type(error).__name__, error))
