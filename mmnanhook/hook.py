@@ -512,8 +512,8 @@ class NanDetectHook(Hook, Listener):
         if policy == 'drop' and not spike and not exception:
             self._step['event'] = event
             result['drop'] = self._dropper.plan(
-                event, result.get('report'), self._memory.get(event.fail_iter),
-                self._memory.window, self._buffers.restore)
+                event, result.get('report'), self._memory.steps(),
+                self._buffers.restore)
         elif (self.quarantine_options.skips and policy in ('skip', 'rewind')
               and not spike and (result.get('report') or {}).get(
                   'kind') == 'data'):

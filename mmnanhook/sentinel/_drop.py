@@ -28,19 +28,22 @@ class DropPlan(object):
     """A step to recompute without some of its samples.
 
     Args:
-        indices (list[int]): Positions in the batch of the samples left out.
-        forward (callable): ``() -> loss``: the forward of the reduced batch
-            from the RNG state before the original one, under the wrapper's
-            ``optim_context``, through ``parse_losses``; returns the loss to
-            give to ``backward``.
+        indices (list[int]): Positions, in the batch of the micro-step that
+            failed, of the samples left out.
+        forwards (list[callable]): One per micro-step since the last update
+            step, in order (one without gradient accumulation): ``() ->
+            loss``, that micro-step's forward (the failing one's on the
+            reduced batch) from the RNG state before the original one, under
+            the wrapper's ``optim_context``, through ``parse_losses``;
+            returns the loss to give to ``backward``.
         undo (callable): Puts back what a forward wrote (BN running
             statistics); called before the recompute, and after it when the
             recomputed step is not applied either.
     """
 
-    def __init__(self, indices, forward, undo):
+    def __init__(self, indices, forwards, undo):
         self.indices = list(indices)
-        self.forward = forward
+        self.forwards = list(forwards)
         self.undo = undo
 
 
@@ -98,6 +101,10 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs):
     return forward
 
 
+def _ignore(log_vars):
+    return None
+
+
 class Dropper(object):
     """``policy='drop'`` for one run: the plans, and what they leave behind.
 
@@ -114,27 +121,25 @@ class Dropper(object):
         self._outputs = None
         self._found = None
 
-    def plan(self, event, report, kept, window, undo):
+    def plan(self, event, report, steps, undo):
         """The :class:`DropPlan` of a trigger, or ``None`` (the step is then
         skipped; the log says why).
 
         Args:
             event (NonFiniteEvent): The trigger.
             report (dict, optional): Its diagnosis.
-            kept (tuple): ``(data_batch, rng_state)`` of the failing
-                iteration (``StepMemory.get``).
-            window (int): Micro-steps per update step.
+            steps (list[tuple]): ``(iter, data_batch, rng_state)`` of every
+                micro-step since the last update step (``StepMemory``).
             undo (callable): Puts back what the failing forward wrote.
         """
-        data_batch, rng_state = kept
+        kept = dict((i, (b, r)) for i, b, r in steps)
+        data_batch = kept.get(event.fail_iter, (None, None))[0]
         n = batch_size(data_batch) if data_batch is not None else None
         indices, reason = samples_to_drop(report, n)
         if indices is not None and len(self.wrappers) != 1:
             reason = 'an OptimWrapperDict steps several optimizers'
         elif indices is not None and event.world_size > 1:
             reason = 'not implemented under distributed training yet'
-        elif indices is not None and window > 1:
-            reason = 'not implemented under gradient accumulation yet'
         if reason is not None:
             self.log(logging.WARNING, "mmnanhook: policy 'drop': %s: the "
                      'step is skipped' % reason)
@@ -142,13 +147,18 @@ class Dropper(object):
         keep = [i for i in range(n) if i not in indices]
         self.log(logging.WARNING,
                  "mmnanhook: policy 'drop': recomputing the update step of "
-                 'iter %s without sample(s) %s of the batch' %
-                 (event.iter, indices))
+                 'iter %s without sample(s) %s of the batch of iter %s' %
+                 (event.iter, indices, event.fail_iter))
         self._found = [f for f in report['samples'] if f['index'] in indices]
-        forward = model_forward(
-            self.model, self.wrappers[0], split_batch(data_batch, keep),
-            functools.partial(restore_rng, rng_state), self._keep)
-        return DropPlan(indices, forward, undo)
+        last = steps[-1][0]
+        forwards = [model_forward(
+            self.model, self.wrappers[0],
+            split_batch(batch, keep) if i == event.fail_iter else batch,
+            functools.partial(restore_rng, rng),
+            # What train_step returns is its own micro-step's log_vars.
+            self._keep if i == last else _ignore)
+            for i, batch, rng in steps]
+        return DropPlan(indices, forwards, undo)
 
     def _keep(self, log_vars):
         self._outputs = log_vars

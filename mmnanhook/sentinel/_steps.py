@@ -33,6 +33,11 @@ class StepMemory(object):
         """``(data_batch, rng_state)`` of ``iter``, or ``(None, None)``."""
         return self._steps.get(iter, (None, None))
 
+    def steps(self):
+        """``(iter, data_batch, rng_state)`` of every step kept, oldest
+        first: the micro-steps since the last update step."""
+        return [(i, batch, rng) for i, (batch, rng) in self._steps.items()]
+
     def clear(self):
         """Release everything kept."""
         self._steps.clear()

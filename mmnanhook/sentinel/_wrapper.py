@@ -287,7 +287,8 @@ class WrapperSentinel(object):
         # not hold the gradients (the parameters are the model's anyway).
         del grads
         hub = self.hub
-        if outcome.loss_scale is not None:
+        # A recomputation (policy='drop') has the same scale, logged already.
+        if outcome.loss_scale is not None and self._dropping is None:
             hub.update_scalar('train/loss_scale', outcome.loss_scale)
         if self.listener is not None:
             self.listener.on_step(outcome)
@@ -342,8 +343,9 @@ class WrapperSentinel(object):
         """Recompute the update step without ``plan.indices``; check it.
 
         Same weights, optimizer state, LR and loss scale (nothing was
-        applied), the RNG state before the original forward, the loss
-        divided for accumulation as the original was.
+        applied); every micro-step since the last update step again, from
+        the RNG state before its original forward, its loss divided for
+        accumulation as the original was.
 
         Returns:
             bool: Whether to apply the recomputed step.
@@ -351,17 +353,18 @@ class WrapperSentinel(object):
         wrapper.zero_grad()
         plan.undo()
         self.check.forget()
-        # backward() counts the micro-step again: the accumulation factor
-        # (scale_loss) and should_update() must see the original count.
+        # backward() counts each micro-step again: the accumulation factor
+        # (scale_loss) and should_update() must see the original counts.
         count = wrapper._inner_count
-        wrapper._inner_count = count - 1
         self._dropping = plan
         try:
-            loss = plan.forward()
-            terms = (self.listener.loss_terms(loss)
-                     if self.listener is not None else None)
-            self._pending = (loss, terms)
-            wrapper.backward(wrapper.scale_loss(loss))
+            for k, forward in enumerate(plan.forwards):
+                wrapper._inner_count = count - len(plan.forwards) + k
+                loss = forward()
+                terms = (self.listener.loss_terms(loss)
+                         if self.listener is not None else None)
+                self._pending = (loss, terms)
+                wrapper.backward(wrapper.scale_loss(loss))
         except Exception as error:  # noqa: BLE001 - falls back to skip
             self._pending = None
             self.check.forget()

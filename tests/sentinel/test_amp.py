@@ -147,3 +147,28 @@ def test_amp_style_rewritten_wrapper_is_checked(tmp_path):
     assert type(runner.optim_wrapper) is cpu_amp.CpuAmpOptimWrapper
     assert sentinel_of(runner.optim_wrapper) is None
     assert _scales(runner) == [SCALE] * 4
+
+
+def test_drop_under_amp_keeps_the_scale_and_an_overflow_is_no_trigger(
+        tmp_path):
+    probe = Probe()
+    # Sample 2 (iteration 1): NaN loss term; sample 5 (iteration 2): an
+    # ordinary GradScaler overflow, which is no trigger.
+    runner = make_runner(tmp_path, faults={2: 'nan_term', 5: 'overflow'},
+                         probe=probe, optim_wrapper=amp_wrapper(),
+                         hook=dict(type='NanDetectHook', policy='drop'))
+    runner.train()
+    hub = runner.message_hub
+    assert hub.get_scalar('train/samples_dropped').current() == 1
+    assert hub.get_scalar('train/nan_skipped').current() == 0
+    # The recomputed step was applied at the same loss scale; the overflow
+    # halved it afterwards, as GradScaler does.
+    assert not torch.equal(probe.after[1][0]['fc.weight'],
+                           probe.before[1][0]['fc.weight'])
+    before, after = (probe.before[1][1]['loss_scaler'],
+                     probe.after[1][1]['loss_scaler'])
+    assert after['scale'] == before['scale'] == SCALE
+    # A successful step for GradScaler, as the step of a clean batch is.
+    assert after['_growth_tracker'] == before['_growth_tracker'] + 1
+    assert _scales(runner) == [SCALE, SCALE, SCALE, SCALE / 2]
+    assert_same(probe.after[2][0], probe.before[2][0])

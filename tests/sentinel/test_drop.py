@@ -22,21 +22,28 @@ def _scalar(runner, name):
     return buffer.current() if buffer is not None else None
 
 
-def _by_hand(before, batch):
-    """The update step of ``batch`` from the state ``before`` (parameters,
-    optimizer state), as BaseModel.train_step and SGD do it."""
+def _by_hand(before, *batches):
+    """The update step of ``batches`` (its micro-steps, each loss divided by
+    their number) from the state ``before`` (parameters, optimizer state),
+    as BaseModel.train_step, OptimWrapper and SGD do it."""
     model = ToyModel()
     with torch.no_grad():
         for name, param in model.named_parameters():
             param.copy_(before[0][name])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     optimizer.load_state_dict(before[1])
-    data = model.data_preprocessor(batch, True)
-    loss, _ = model.parse_losses(model(**data, mode='loss'))
-    loss.backward()
+    for batch in batches:
+        data = model.data_preprocessor(batch, True)
+        loss, _ = model.parse_losses(model(**data, mode='loss'))
+        (loss / len(batches)).backward()
     optimizer.step()
     return {n: p.detach().clone() for n, p in model.named_parameters()}, \
         float(loss)
+
+
+def _batch(data, *indices):
+    return {'inputs': [data[i]['inputs'] for i in indices],
+            'fault': [data[i]['fault'] for i in indices]}
 
 
 def test_drop_applies_the_step_recomputed_without_the_bad_sample(tmp_path):
@@ -48,8 +55,7 @@ def test_drop_applies_the_step_recomputed_without_the_bad_sample(tmp_path):
     # Iteration 2 was applied, without sample 4: exactly the step on
     # sample 5 alone from the state before it.
     data = ToyDataset(16, {4: 'nan_term'})
-    expected, loss = _by_hand(probe.before[2], {
-        'inputs': [data[5]['inputs']], 'fault': [data[5]['fault']]})
+    expected, loss = _by_hand(probe.before[2], _batch(data, 5))
     assert_same(probe.after[2][0], expected)
     assert _scalar(runner, 'train/samples_dropped') == 1
     assert _scalar(runner, 'train/nan_skipped') == 0
@@ -64,6 +70,23 @@ def test_drop_applies_the_step_recomputed_without_the_bad_sample(tmp_path):
         'sample(s) [0]' in text
     # A handled trigger is a warning, never an error.
     assert ' - ERROR - ' not in text
+
+
+def test_drop_under_accumulation_recomputes_every_micro_step(tmp_path):
+    probe = Probe()
+    # Iterations 2 and 3 make one update step; sample 4 (iteration 2, the
+    # first micro-step) is bad, the trigger comes at the update (3).
+    runner = make_runner(
+        tmp_path, faults={4: 'nan_term'}, probe=probe,
+        optim_wrapper=dict(MOMENTUM, accumulative_counts=2),
+        hook=dict(type='NanDetectHook', policy='drop'))
+    runner.train()
+    data = ToyDataset(16, {4: 'nan_term'})
+    expected, _ = _by_hand(probe.before[2], _batch(data, 5),
+                           _batch(data, 6, 7))
+    assert_same(probe.after[3][0], expected)
+    assert _scalar(runner, 'train/samples_dropped') == 1
+    assert _scalar(runner, 'train/nan_skipped') == 0
 
 
 def test_no_false_drop_when_every_sample_fails_alone(tmp_path):
