@@ -410,3 +410,31 @@ def test_a_resumed_run_reads_the_quarantine_back(drop_run):
         osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
     assert sample.file == bad
     assert len(os.listdir(osp.join(runner.work_dir, 'nan_dumps'))) == 1
+
+
+@pytest.mark.zoo
+@pytest.mark.mmrotate
+def test_drop_on_the_rotated_retinanet_leaves_out_the_collinear_polygon(
+        tmp_path):
+    # mmrotate's rotated RetinaNet as shipped; image 1 holds a polygon whose
+    # corners lie on one line (a rotated box of zero height).
+    name = 'rotated_retinanet'
+    data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'),
+                                num_images=IMAGES, defects={1: 'collinear'})
+    bad = osp.join(data['img_dir'], data['defect_images'][0])
+    cfg = zoo.child_config(name, data, str(tmp_path / 'drop'), length=1,
+                           hook='line', hook_options=dict(policy='drop'))
+    runner = Runner.from_cfg(cfg)
+    probe = _DropProbe(bad)
+    runner.register_hook(probe)
+    runner.train()
+    assert runner.iter == len(probe.files) == 2 and probe.at is not None
+    # The step of the bad batch was applied (on the other image).
+    assert any(not torch.equal(after, probe.at['state'][name_])
+               for name_, after in probe.at['after'].items())
+    hub = runner.message_hub
+    assert hub.get_scalar('train/samples_dropped').current() == 1
+    assert hub.get_scalar('train/nan_skipped').current() == 0
+    (sample, ) = read_quarantine(
+        osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
+    assert sample.file == bad and sample.source == 'drop'
