@@ -135,11 +135,14 @@ class Dropper(object):
         kept = dict((i, (b, r)) for i, b, r in steps)
         data_batch = kept.get(event.fail_iter, (None, None))[0]
         n = batch_size(data_batch) if data_batch is not None else None
-        indices, reason = samples_to_drop(report, n)
-        if indices is not None and len(self.wrappers) != 1:
-            reason = 'an OptimWrapperDict steps several optimizers'
-        elif indices is not None and event.world_size > 1:
+        indices = None
+        if event.world_size > 1:
+            # Every rank decides alike, so none waits in a collective.
             reason = 'not implemented under distributed training yet'
+        elif len(self.wrappers) != 1:
+            reason = 'an OptimWrapperDict steps several optimizers'
+        else:
+            indices, reason = samples_to_drop(report, n)
         if reason is not None:
             self.log(logging.WARNING, "mmnanhook: policy 'drop': %s: the "
                      'step is skipped' % reason)
