@@ -22,5 +22,5 @@ setup(
         'mmrotate': ['mmrotate>=1.0.0rc1'],
         'tests': ['pytest', 'vermin'],
     },
-    entry_points={'console_scripts': ['mmnan=mmnanhook.cli:main']},
+    entry_points={'console_scripts': ['mmnan=mmnanhook.cli:run']},
 )

@@ -5,6 +5,8 @@ calls these helpers instead of testing versions itself.
 """
 import ctypes
 import inspect
+import logging
+import os
 import pickle
 import sys
 import types
@@ -20,6 +22,31 @@ from mmengine.utils import digit_version
 LOG_CALLER = {'stacklevel': 2} if sys.version_info >= (3, 8) else {}
 
 TORCH_VERSION = digit_version(torch.__version__.split('+')[0])
+
+# torch < 1.8: the autograd engine's C++ destructor, run by the process's
+# exit handlers, can wait forever for its worker threads after a backward
+# (an upstream race, fixed by pytorch#47886; seen here in `mmnan replay` on
+# torch 1.7.1, gdb: Engine::~Engine in __run_exit_handlers, one thread).
+ENGINE_EXIT_RACE = TORCH_VERSION < digit_version('1.8.0')
+
+
+def exit_process(code):
+    """End a process that is done (a command line's), with ``code``.
+
+    On torch < 1.8 (:data:`ENGINE_EXIT_RACE`) the output and the log files
+    are flushed and the process leaves without the C++ exit handlers;
+    elsewhere it is ``sys.exit(code)``.
+    """
+    if not ENGINE_EXIT_RACE:
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing to keep
+            pass
+    logging.shutdown()
+    os._exit(code if isinstance(code, int) else 1)
+
 
 # mmengine 0.10.7 resumes with torch.load's default weights_only, which torch
 # >= 2.6 makes True, and its own checkpoints then fail to load (mmengine's

@@ -5,6 +5,6 @@
 * :mod:`._scan`: the pre-flight scan of a config's dataset.
 * :mod:`._demo`: the demo runs.
 """
-from ._main import build_parser, main
+from ._main import build_parser, main, run
 
-__all__ = ['build_parser', 'main']
+__all__ = ['build_parser', 'main', 'run']

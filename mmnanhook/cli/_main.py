@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 
+from .. import compat
 from ..errors import BundleError
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED = 0, 1, 2, 3
@@ -203,5 +204,11 @@ def main(argv=None):
         return _bad_input(args.command, error)
 
 
+def run():
+    """The ``mmnan`` process: :func:`main`, then the exit (see
+    :func:`mmnanhook.compat.exit_process`)."""
+    compat.exit_process(main())
+
+
 if __name__ == '__main__':
-    sys.exit(main())
+    run()
