@@ -1,7 +1,9 @@
 """The quarantine of one run: what it holds, where it is written, and the
 sampler that keeps its samples out of the dataloader."""
+import logging
 import os.path as osp
 
+from .._log import log
 from ._file import (FILE_NAME, QuarantinedSample, check_writable,
                     read_quarantine, write_quarantine)
 from ._sampler import install_sampler
@@ -59,8 +61,13 @@ class Quarantine(object):
         return len(self.samples)
 
     def install(self, loader, seed=0):
-        """Keep the quarantined samples out of ``loader`` from now on."""
-        self._remove = install_sampler(loader, self.blocked, seed)
+        """Keep the quarantined samples out of ``loader`` from now on (or
+        say why that cannot be: the list is still written)."""
+        try:
+            self._remove = install_sampler(loader, self.blocked, seed)
+        except TypeError as error:
+            log('mmnanhook: quarantined samples cannot be kept out of this '
+                'dataloader: %s' % error, logging.WARNING)
 
     def remove(self):
         """Put the loader's own sampler back."""
