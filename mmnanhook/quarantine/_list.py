@@ -57,9 +57,6 @@ class Quarantine(object):
             samples.extend(read_quarantine(source, len(dataset)))
         return cls(path, dataset, samples)
 
-    def __len__(self):
-        return len(self.samples)
-
     def install(self, loader, seed=0):
         """Keep the quarantined samples out of ``loader`` from now on (or
         say why that cannot be: the list is still written)."""

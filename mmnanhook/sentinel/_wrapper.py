@@ -53,10 +53,6 @@ _BINDINGS = (
 _UNSUPPORTED_MODULES = ('mmengine._strategy', )
 
 
-def _log(message, level):
-    log(message, level)
-
-
 class Listener(object):
     """What a wrapper's sentinel tells its listener (``NanDetectHook``).
 
@@ -214,7 +210,7 @@ class WrapperSentinel(object):
             # overflow through a non-finite gradient, as it normally does.
             _poison_grads(wrapper)
             wrapper._inner_count += 1
-            _log('mmnanhook: anomaly mode raised in a scaled backward (%s); '
+            log('mmnanhook: anomaly mode raised in a scaled backward (%s); '
                  'handled as an AMP overflow' % exc, logging.INFO)
             return True
         self.check.forget()
@@ -297,14 +293,14 @@ class WrapperSentinel(object):
                 self.listener.on_spike(outcome.spikes)
             elif outcome.spikes:
                 for spike in outcome.spikes:
-                    _log('mmnanhook: %r' % spike, logging.WARNING)
+                    log('mmnanhook: %r' % spike, logging.WARNING)
             hub.update_scalar('train/spikes', len(self.check.spikes.spikes))
         apply, answer = True, {}
         if outcome.event is None:
             self.check.passed()
         elif self._dropping is not None:
             # The recomputed step failed too: not applied either.
-            _log('mmnanhook: the update step recomputed without sample(s) '
+            log('mmnanhook: the update step recomputed without sample(s) '
                  '%s is not usable either (%s): skipped' % (
                      self._dropping.indices,
                      outcome.event.message.split('\n')[0]), logging.WARNING)
@@ -370,7 +366,7 @@ class WrapperSentinel(object):
             self.check.forget()
             wrapper._inner_count = count
             self._dropping = None
-            _log('mmnanhook: recomputing the update step without sample(s) '
+            log('mmnanhook: recomputing the update step without sample(s) '
                  '%s raised %s: %s; skipped' % (plan.indices,
                                                 type(error).__name__, error),
                  logging.WARNING)
@@ -398,12 +394,12 @@ class WrapperSentinel(object):
             dict: The listener's answer; empty without a listener.
         """
         if self.listener is None:
-            _log(event.message, level)
+            log(event.message, level)
             return {}
         try:
             return self.listener.on_nonfinite(event) or {}
         except Exception:  # noqa: BLE001 - the policy must still apply
-            _log(event.message, level)
+            log(event.message, level)
             MMLogger.get_current_instance().exception(
                 'mmnanhook: the NaN listener failed; applying the policy '
                 'anyway')
