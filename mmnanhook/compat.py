@@ -341,3 +341,53 @@ class BackwardDrain(object):
     def __call__(self):
         with torch.enable_grad():
             self._root.backward(retain_graph=True)
+
+
+def dtensor_type():
+    """The ``DTensor`` class (FSDP2 ``fully_shard`` gradients), or ``None``.
+
+    Public as ``torch.distributed.tensor`` since torch 2.4, private before
+    (2.0+); absent on older torch and on builds without distributed. Imported
+    only when a gradient is not a plain tensor, so a plain run never pays it.
+    """
+    for name in ('torch.distributed.tensor', 'torch.distributed._tensor'):
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                module = __import__(name, fromlist=['DTensor'])
+            except ImportError:
+                continue
+        if hasattr(module, 'DTensor'):
+            return module.DTensor
+    return None
+
+
+def fsdp_sharded_params(model):
+    """The ids of the parameters FSDP (``FullyShardedDataParallel``, FSDP1)
+    shards across ranks inside ``model``, as its ``clip_grad_norm_`` selects
+    them; ``None`` when no module of ``model`` is FSDP1.
+
+    Flat parameters, and their original parameters under
+    ``use_orig_params=True``; ``NO_SHARD`` handles are not sharded. torch
+    1.13 keeps a list ``_handles``, torch >= 2.0 one ``_handle``.
+    """
+    if 'torch.distributed.fsdp' not in sys.modules:
+        return None  # nothing can have been wrapped with it
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    ids, found = set(), False
+    for module in model.modules():
+        if not isinstance(module, FullyShardedDataParallel):
+            continue
+        found = True
+        handles = getattr(module, '_handles', None)
+        if handles is None:
+            handles = [getattr(module, '_handle', None)]
+        for handle in handles:
+            if handle is None or not getattr(
+                    handle, 'uses_sharded_strategy', True):
+                continue
+            flat = handle.flat_param
+            ids.add(id(flat))
+            if getattr(handle, '_use_orig_params', False):
+                ids.update(id(p) for p in getattr(flat, '_params', None) or [])
+    return ids if found else None
