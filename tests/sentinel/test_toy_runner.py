@@ -424,7 +424,10 @@ print(json.dumps(dict(hooks=hooks, error=error, trigger=trigger)))
 
 def test_dotted_type_works_without_custom_imports(tmp_path):
     from mmnanhook.testing.cli import PROJECT_DIR
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=PROJECT_DIR)
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    # Prepended: an mmengine laid over the leg (make test-mmengine) stays.
+    env['PYTHONPATH'] = os.pathsep.join(
+        [PROJECT_DIR] + [p for p in [env.get('PYTHONPATH')] if p])
     out = subprocess.run(
         [sys.executable, '-c', _DOTTED_RUN, str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
