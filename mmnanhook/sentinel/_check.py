@@ -176,7 +176,7 @@ class StepCheck(object):
         self.micro = []
 
     def check(self, params, grads, norm_type=2.0, clips=False, scale=None,
-              context=None):
+              context=None, sharded=None):
         """Measure one update step and decide whether it triggers.
 
         Args:
@@ -188,27 +188,28 @@ class StepCheck(object):
             scale (torch.Tensor, optional): The AMP loss scale the gradients
                 are multiplied by; ``None`` without AMP.
             context (StepContext, optional): For the event's message.
+            sharded (list[bool], optional): Per gradient, whether it is this
+                rank's shard of a gradient split across ranks (FSDP; see
+                :mod:`._shards`): the norm is then the global one, the
+                shards' powers summed over the ranks in the one all-reduce.
 
         Returns:
             StepOutcome: With ``event`` set when the step triggers.
         """
         self.checks += 1
         micro, self.micro = self.micro, []
-        norms = GradNorms(grads, norm_type, exact=clips)
-        total = norms.total
-        if scale is not None:
-            # Gradients are still multiplied by the scale here. For a scale
-            # that is a power of two (GradScaler's default) this equals the
-            # norm after unscale_ exactly.
-            total = total * scale.double().reciprocal().float().to(
-                total.device)
+        norms = GradNorms(grads, norm_type, exact=clips, sharded=sharded)
         (grad_norm, loss_scale, loss_values, mean_loss, bad_ranks,
-         grads_bad, rank, world_size) = _sync(total, scale,
-                                              [m.loss for m in micro])
+         grad_ranks, rank, world_size, total) = _sync(
+             norms, scale, [m.loss for m in micro])
         outcome = StepOutcome(grad_norm, loss_scale, total, loss=mean_loss)
 
+        grads_bad = bool(grad_ranks) or not math.isfinite(grad_norm)
         bad_grads = norms.nonfinite() if grads_bad else []
-        norm_overflow = (not math.isfinite(grad_norm)) and not bad_grads
+        # Sharded gradients: another rank's shard can be the non-finite one.
+        elsewhere = [r for r in grad_ranks if r != rank]
+        norm_overflow = (not math.isfinite(grad_norm)) and not bad_grads \
+            and not elsewhere
         trigger, reasons = None, []
         if bad_ranks:
             trigger = Trigger.LOSS
@@ -235,8 +236,8 @@ class StepCheck(object):
                      if not math.isfinite(v)]
         outcome.event = _event(trigger, context, micro, bad_micro, bad_ranks,
                                params, norms, grad_norm, norm_overflow,
-                               bad_grads, loss_scale, reasons, rank,
-                               world_size)
+                               elsewhere, bad_grads, loss_scale, reasons,
+                               rank, world_size)
         return outcome
 
     def _amp_trigger(self, trigger, overflow, loss_scale, reasons):
@@ -321,39 +322,68 @@ def answer_text(answer):
     lines = []
     if answer.get('summary'):
         lines.append(answer['summary'])
+    for fix in (answer.get('report') or {}).get('fixes') or []:
+        if fix.get('status') == 'verified':
+            # The one line a user acts on: proven on the failing iteration.
+            lines.append('verified fix: %s' % fix['fix'])
+            break
     if answer.get('bundle'):
         lines.append('bundle: %s' % answer['bundle'])
     return '\n'.join(lines)
 
 
-def _sync(total, scale, losses):
+def _sync(norms, scale, losses):
     """Bring norm, scale, losses and the ranks' flags to the host at once.
+
+    With sharded gradients (:attr:`GradNorms.sharded`) the shards' powers
+    ride in the flags' all-reduce (the inf-norm's maximum needs one more),
+    and the global norm is made before the host sync.
 
     Returns:
         tuple: ``grad_norm``, ``loss_scale`` (None without AMP), the loss
         values, their mean over the micro-steps and the ranks (the same on
-        every rank), the ranks whose loss was non-finite, whether any rank's
-        gradient norm was, this rank and the world size.
+        every rank), the ranks whose loss was non-finite, those whose
+        (local) gradient norm was, this rank, the world size and the norm as
+        a tensor (unscaled; what clipping reuses).
     """
+    total = norms.total
     device = total.device
-    scalars = [total.float()]
-    if scale is not None:
-        scalars.append(scale.float().to(device))
     losses = [loss.float().sum().to(device) for loss in losses]
-    packed = [torch.stack(scalars + losses)]
     rank, world_size = get_dist_info()
+    sharded = norms.sharded is not None
+    power_by_sum = sharded and not math.isinf(norms.norm_type)
+    flags = None
     if world_size > 1:
         # Slot r: rank r's loss was non-finite; slot world_size + r: its
-        # gradient norm was; the last: its mean loss over the ranks. Summed
-        # over ranks, every rank sees them all, and judges spikes alike.
-        flags = torch.zeros(2 * world_size + 1, device=device)
+        # gradient norm was; then its mean loss over the ranks and, for
+        # sharded gradients, the shards' powers. Summed over ranks, every
+        # rank sees them all, and judges spikes alike.
+        flags = torch.zeros(2 * world_size + 1 + power_by_sum, device=device)
         if losses:
             stacked = torch.stack(losses)
             flags[rank] = (~torch.isfinite(stacked)).any().float()
-            flags[-1] = stacked.mean() / world_size
+            flags[2 * world_size] = stacked.mean() / world_size
         flags[world_size + rank] = (~torch.isfinite(total)).float()
+        if power_by_sum:
+            flags[-1] = norms.power
         # mmengine's all_reduce moves the flags to the backend's device.
         all_reduce(flags, op='sum')
+        if power_by_sum:
+            total = norms.finish(flags[-1])
+        elif sharded:
+            power = norms.power.clone()
+            all_reduce(power, op='max')
+            total = norms.finish(power)
+    if scale is not None:
+        # Gradients are still multiplied by the scale here. For a scale
+        # that is a power of two (GradScaler's default) this equals the
+        # norm after unscale_ exactly.
+        total = total * scale.double().reciprocal().float().to(total.device)
+    scalars = [total.float()]
+    if scale is not None:
+        scalars.append(scale.float().to(device))
+    packed = [torch.stack(scalars + losses)]
+    if flags is not None:
         packed.append(flags)
     values = torch.cat(packed).tolist()  # the one host sync
     grad_norm = values[0]
@@ -362,16 +392,18 @@ def _sync(total, scale, losses):
     if world_size > 1:
         flags = values[len(scalars) + len(losses):]
         bad_ranks = [r for r in range(world_size) if flags[r] > 0]
-        grads_bad = any(v > 0 for v in flags[world_size:2 * world_size])
-        mean_loss = flags[-1] if losses else None
+        # A sharded norm can overflow only once summed over the ranks.
+        grad_ranks = [r for r in range(world_size)
+                      if flags[world_size + r] > 0]
+        mean_loss = flags[2 * world_size] if losses else None
     else:
         bad = any(not math.isfinite(v) for v in loss_values)
         bad_ranks = [rank] if bad else []
-        grads_bad = not math.isfinite(grad_norm)
+        grad_ranks = [] if math.isfinite(grad_norm) else [rank]
         mean_loss = (sum(loss_values) / len(loss_values)
                      if loss_values else None)
     return (grad_norm, loss_scale, loss_values, mean_loss, bad_ranks,
-            grads_bad, rank, world_size)
+            grad_ranks, rank, world_size, total)
 
 
 def _param_names(context, params, indices):
@@ -381,8 +413,8 @@ def _param_names(context, params, indices):
 
 
 def _event(trigger, context, micro, bad_micro, bad_ranks, params, norms,
-           grad_norm, norm_overflow, bad_grads, loss_scale, reasons, rank,
-           world_size):
+           grad_norm, norm_overflow, elsewhere, bad_grads, loss_scale,
+           reasons, rank, world_size):
     # Failure path only: the syncs here do not count against tier 1.
     parts = []
     shown = micro[bad_micro[0]] if bad_micro else (
@@ -416,6 +448,10 @@ def _event(trigger, context, micro, bad_micro, bad_ranks, params, norms,
         grad_text += '; %d of %d parameters have non-finite gradients: ' \
             '%s' % (len(bad_grads), len(params),
                     format_names(names, len(bad_grads)))
+    elif elsewhere:
+        grad_text += ('; this rank\'s gradient shards are finite, those of '
+                      'rank%s %s are not' % ('s' if len(elsewhere) > 1 else
+                                            '', ', '.join(map(str, elsewhere))))
     elif norm_overflow:
         grad_text += (
             '; every gradient is finite (largest |grad| %s) but their '

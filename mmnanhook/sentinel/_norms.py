@@ -29,15 +29,21 @@ class GradNorms(object):
         grads (list[torch.Tensor]): Gradient tensors.
         norm_type (float | str): The ``p`` of the norm; ``'inf'`` allowed.
         exact (bool): Compute the total exactly as the clip does.
+        sharded (list[bool], optional): Per gradient, whether it is this
+            rank's shard of a tensor split across ranks (FSDP, see
+            :mod:`._shards`). Then :attr:`total` is only this rank's part
+            until :meth:`finish` is given :attr:`power` summed over the ranks
+            (its maximum for the inf-norm).
     """
 
-    def __init__(self, grads, norm_type=2.0, exact=True):
+    def __init__(self, grads, norm_type=2.0, exact=True, sharded=None):
         self.grads = list(grads)
         self.norm_type = float(norm_type)
+        self.sharded = sharded
         self.order = []
         # Per gradient, a value that is non-finite iff its norm is.
         self._partials = []
-        squares = (not exact and self.norm_type == 2.0
+        squares = (not exact and self.norm_type == 2.0 and sharded is None
                    and not compat.FOREACH_NORM_IN_CLIP
                    and all(g.dtype in _DOT_DTYPES for g in self.grads))
         with torch.no_grad():
@@ -57,6 +63,9 @@ class GradNorms(object):
                         compat.clip_vector_norm(t, self.norm_type)
                         for t in tensors)
                 self.order.extend(group)
+            if sharded is not None:
+                self._split_powers()
+                return
             if not self._partials:
                 self.total = torch.tensor(0.0)
                 return
@@ -69,6 +78,44 @@ class GradNorms(object):
                 self.total = stacked.sum().sqrt()
             else:
                 self.total = compat.clip_vector_norm(stacked, self.norm_type)
+
+    def _split_powers(self):
+        # As torch's FSDP clip: the shards' norms to the p-th power (their
+        # maximum for inf), to be summed over the ranks; the gradients whole
+        # on every rank added once, after.
+        device = self.grads[0].device if self.grads else torch.device('cpu')
+        shards, whole = [], []
+        for k, i in enumerate(self.order):
+            part = self._partials[k].to(device)
+            (shards if self.sharded[i] else whole).append(part)
+        self.power = self._power(shards, device)
+        self._whole = self._power(whole, device)
+        self.total = self.finish(self.power)
+
+    def _power(self, norms, device):
+        if not norms:
+            return torch.zeros((), device=device)
+        stacked = torch.stack(norms).float()
+        if math.isinf(self.norm_type):
+            return stacked.max()
+        return (stacked**self.norm_type).sum()
+
+    def finish(self, power):
+        """The total norm, given :attr:`power` reduced over the ranks.
+
+        Args:
+            power (torch.Tensor): The sum over the ranks of :attr:`power`
+                (the maximum for the inf-norm).
+
+        Returns:
+            torch.Tensor: The global norm, also kept as :attr:`total`.
+        """
+        power = power.to(self._whole.device)
+        if math.isinf(self.norm_type):
+            self.total = torch.max(power, self._whole)
+        else:
+            self.total = (power + self._whole)**(1.0 / self.norm_type)
+        return self.total
 
     def nonfinite(self):
         """Indices (into ``grads``) of gradients holding NaN or Inf.

@@ -35,6 +35,7 @@ from ..options import CheckOptions
 from ..records import NonFiniteEvent, Trigger
 from ._check import StepCheck, StepContext, answer_text
 from ._norms import clip_grads_with_norm_
+from ._shards import local_grads
 
 # The one attribute the install adds to a wrapper instance.
 ATTRIBUTE = '_nan_detect'
@@ -51,6 +52,21 @@ _BINDINGS = (
 # Wrappers of these modules run backward and step inside an engine
 # (DeepSpeed, ColossalAI) that exposes no gradients before the step.
 _UNSUPPORTED_MODULES = ('mmengine._strategy', )
+
+# Engine wrapper -> (the FlexibleRunner strategy that builds it, what the
+# engine does inside its own step, out of mmnanhook's reach).
+_ENGINES = {
+    'DeepSpeedOptimWrapper': (
+        'DeepSpeedStrategy',
+        "the DeepSpeed engine's step computes the gradient norm, clips and "
+        'skips fp16 overflows itself, and under ZeRO the gradients are '
+        'partitioned in the engine, not in param.grad, before it'),
+    'ColossalAIOptimWrapper': (
+        'ColossalAIStrategy',
+        "the ColossalAI booster's optimizer computes the gradient norm, "
+        'clips (configured in the plugin) and skips overflows inside its '
+        'own step, where the gradients are not in param.grad before it'),
+}
 
 
 class Listener(object):
@@ -136,6 +152,8 @@ class WrapperSentinel(object):
         self._model = None
         # (params, total norm or None) for the _clip_grad of this step.
         self._clip = None
+        # (weakref to the model, ids of its FSDP1-sharded parameters).
+        self._shards = None
         # The DropPlan being recomputed (policy='drop'), while it is.
         self._dropping = None
         # Samples dropped so far (train/samples_dropped).
@@ -277,8 +295,11 @@ class WrapperSentinel(object):
             if clips else 2.0
         scaler = _scaler(wrapper)
         scale = compat.grad_scaler_scale(scaler) if scaler else None
+        grads, sharded = local_grads(params, grads, self._sharded_ids(),
+                                     norm_type)
         outcome = self.check.check(params, grads, norm_type, clips=clips,
-                                   scale=scale, context=self._context())
+                                   scale=scale, context=self._context(),
+                                   sharded=sharded)
         # A raise below keeps this frame in the error's traceback: it must
         # not hold the gradients (the parameters are the model's anyway).
         del grads
@@ -334,6 +355,17 @@ class WrapperSentinel(object):
             reuse = clips and math.isfinite(outcome.grad_norm)
             self._clip = (params, outcome.total if reuse else None)
         return True
+
+    def _sharded_ids(self):
+        """ids of the parameters FSDP1 shards in the model, or ``None``."""
+        model = self._model() if self._model is not None else None
+        if model is None:
+            return None
+        if self._shards is None or self._shards[0]() is not model:
+            # Once per model: walking its modules costs per step otherwise.
+            self._shards = (weakref.ref(model),
+                            compat.fsdp_sharded_params(model))
+        return self._shards[1]
 
     def _drop(self, wrapper, plan):
         """Recompute the update step without ``plan.indices``; check it.
@@ -585,6 +617,17 @@ def members(optim_wrapper):
 
 def _check_supported(optim_wrapper):
     cls = type(optim_wrapper)
+    engines = [_ENGINES[c.__name__] for c in cls.__mro__
+               if c.__name__ in _ENGINES]
+    if engines:
+        strategy, inside = engines[0]
+        raise RuntimeError(
+            'mmnanhook cannot protect training with %s (%s.%s): %s. Nothing '
+            'would check the losses, the gradient norm or the update step, '
+            'so NanDetectHook refuses to start instead of running '
+            'unprotected. Remove NanDetectHook, or train with DDPStrategy or '
+            'FSDPStrategy, which it checks.' %
+            (strategy, cls.__module__, cls.__name__, inside))
     engine = any(
         c.__module__.startswith(_UNSUPPORTED_MODULES) for c in cls.__mro__)
     if engine or not isinstance(optim_wrapper, OptimWrapper):

@@ -116,17 +116,18 @@ def _launcher():
     return ['-m', 'torch.distributed.launch', '--use_env']  # torch < 1.9
 
 
-def run_ranks(scenario, out_dir, nproc=2):
+def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp'):
     """Run ``scenario`` on ``nproc`` ranks over gloo with torch's launcher.
 
     A hang (a rank waiting in a collective) ends in ``TimeoutExpired``.
+    ``module`` is the one whose ``SCENARIOS`` has it (run with ``-m``).
 
     Returns:
         tuple[list[dict], str]: Each rank's result and the launcher's log.
     """
     cmd = [sys.executable] + _launcher() + [
         '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
-        '--master_port', str(_free_port()), '-m', 'mmnanhook.testing.ddp',
+        '--master_port', str(_free_port()), '-m', module,
         scenario, str(out_dir)
     ]
     env = dict(os.environ, OMP_NUM_THREADS='1')
@@ -142,11 +143,11 @@ def run_ranks(scenario, out_dir, nproc=2):
     return results, log
 
 
-def main(argv=None):
+def main(argv=None, scenarios=None):
     scenario, out_dir = (argv or sys.argv[1:])[:2]
     import torch.distributed as dist
     dist.init_process_group('gloo')
-    result = SCENARIOS[scenario](out_dir)
+    result = (scenarios or SCENARIOS)[scenario](out_dir)
     with open(osp.join(out_dir, 'rank%d.json' % dist.get_rank()), 'w') as f:
         json.dump(result, f)
 
