@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import torch
 
+import mmengine
 from mmengine.utils import digit_version
 
 # logging's ``stacklevel`` (Python >= 3.8): a log record names the caller of
@@ -22,6 +23,12 @@ from mmengine.utils import digit_version
 LOG_CALLER = {'stacklevel': 2} if sys.version_info >= (3, 8) else {}
 
 TORCH_VERSION = digit_version(torch.__version__.split('+')[0])
+MMENGINE_VERSION = digit_version(mmengine.__version__)
+
+# mmengine >= 0.10.3: an iteration-based loop resumed at iteration k first
+# skips the k batches already trained; before, it begins again at the
+# dataloader's first batch (mmengine's behaviour, with or without mmnanhook).
+RESUME_SKIPS_TRAINED_BATCHES = MMENGINE_VERSION >= digit_version('0.10.3')
 
 # torch < 1.8: the autograd engine's C++ destructor, run by the process's
 # exit handlers, can wait forever for its worker threads after a backward
