@@ -206,8 +206,10 @@ class StepCheck(object):
 
         grads_bad = bool(grad_ranks) or not math.isfinite(grad_norm)
         bad_grads = norms.nonfinite() if grads_bad else []
-        # Sharded gradients: another rank's shard can be the non-finite one.
-        elsewhere = [r for r in grad_ranks if r != rank]
+        # Sharded gradients: another rank's shard can be the non-finite one
+        # (unsharded ones are equal on every rank after DDP's all-reduce).
+        elsewhere = [r for r in grad_ranks
+                     if r != rank] if sharded is not None else []
         norm_overflow = (not math.isfinite(grad_norm)) and not bad_grads \
             and not elsewhere
         trigger, reasons = None, []
@@ -450,8 +452,9 @@ def _event(trigger, context, micro, bad_micro, bad_ranks, params, norms,
                     format_names(names, len(bad_grads)))
     elif elsewhere:
         grad_text += ('; this rank\'s gradient shards are finite, those of '
-                      'rank%s %s are not' % ('s' if len(elsewhere) > 1 else
-                                            '', ', '.join(map(str, elsewhere))))
+                      'rank%s %s are not (or their norm overflows)' % (
+                          's' if len(elsewhere) > 1 else '',
+                          ', '.join(map(str, elsewhere))))
     elif norm_overflow:
         grad_text += (
             '; every gradient is finite (largest |grad| %s) but their '

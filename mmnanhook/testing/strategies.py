@@ -131,6 +131,13 @@ def _shards(out_dir):
     result.update(nan_norm=outcome.grad_norm,
                   nan_trigger=event and event.trigger.value,
                   nan_grads=event and event.nonfinite_grad_count)
+    # Finite shards whose norm overflows fp32 only once summed over ranks.
+    big = [torch.full((5, ), 1.4e19 / math.sqrt(5)), torch.zeros(4)]
+    result['big_local'] = float(big[0].norm())
+    outcome = check.check(params, big, 2.0, clips=True,
+                          sharded=[True, False])
+    result.update(big_norm=outcome.grad_norm,
+                  big_message=outcome.event and outcome.event.message)
     return result
 
 

@@ -33,6 +33,12 @@ def test_sharded_norm_is_the_global_one_on_every_rank(tmp_path):
     # What a norm of the local shards would have been: not the same number.
     assert results[0]['local_2.0'] != results[1]['local_2.0']
     assert [r['nan_grads'] for r in results] == [0, 1]
+    for result in results:
+        # Each rank's shards are finite, with a finite norm; the global norm
+        # overflows fp32 (which would make the clip zero every gradient).
+        assert result['big_local'] < 1.5e19 and result['big_norm'] == float(
+            'inf')
+        assert 'norm overflows' in result['big_message']
 
 
 @pytest.mark.ddp
@@ -57,7 +63,7 @@ def test_fsdp2_dtensor_grads_are_checked_and_clipped_by_the_global_norm(
         assert result['unchanged']
         assert 'rank %d of 2' % rank in result['message']
     assert 'body.2.weight' in results[1]['message']
-    assert "rank 1 are not" in results[0]['message']
+    assert 'those of rank 1 are not' in results[0]['message']
 
 
 @pytest.mark.ddp
