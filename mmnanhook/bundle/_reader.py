@@ -3,9 +3,10 @@ import json
 import os.path as osp
 
 from .._format import one_line as _one_line
-from ..compat import torch_load
+from ..compat import ForeignObjectError, torch_load_allowlisted
 from ..errors import BundleError
 from ..version import __version__
+from ._content import BUILT, content_problem, find_allowed
 from ._layout import FORMAT_VERSION, MANIFEST, REPORT, TORCH_SUFFIX, \
     _TMP_PREFIX, sha256
 
@@ -36,14 +37,19 @@ class Bundle(object):
         return stem + TORCH_SUFFIX in self.files
 
     def load(self, stem):
-        """Unpickle ``<stem>.pth`` (once; later calls return the same object).
+        """Load ``<stem>.pth`` (once; later calls return the same object).
+
+        Nothing in it runs: only tensors, plain containers and the classes
+        of :mod:`._content`'s allowlist load, and the content must be what
+        the stem names (a batch, a state dict, an RNG state).
 
         Args:
             stem (str): e.g. ``'data_batch'``, ``'model'``, ``'rng'``.
 
         Raises:
-            BundleError: The file is absent or cannot be unpickled (e.g. the
-                classes of the data samples are not importable here).
+            BundleError: The file is absent, names a global outside the
+                allowlist, cannot be unpickled (e.g. the classes of the data
+                samples are not importable here) or holds something else.
         """
         if stem in self._loaded:
             return self._loaded[stem]
@@ -55,13 +61,20 @@ class Bundle(object):
                     self.path, file_name,
                     ' (it could not be saved: {})'.format(reason)
                     if reason else '')))
+        path = osp.join(self.path, file_name)
         try:
-            obj = torch_load(osp.join(self.path, file_name),
-                             map_location=self._map_location)
+            obj = torch_load_allowlisted(path, find_allowed, BUILT,
+                                         map_location=self._map_location)
+        except ForeignObjectError as error:
+            raise BundleError(_one_line(
+                'refused {}: it names {}, which no bundle holds (nothing of '
+                'it was run)'.format(path, error)))
         except Exception as error:  # noqa: BLE001 - any unpickling failure
             raise BundleError(_one_line('cannot load {}: {}: {}'.format(
-                osp.join(self.path, file_name), type(error).__name__,
-                error)))
+                path, type(error).__name__, error)))
+        problem = content_problem(stem, obj)
+        if problem is not None:
+            raise BundleError(_one_line('{}: {}'.format(path, problem)))
         self._loaded[stem] = obj
         return obj
 

@@ -34,6 +34,9 @@ def _replay(args):
     from ..bundle import to_strict_json
     from ..report import format_report
     from ._replay import replay_bundle
+    if compat.ALLOWLIST_FALLBACK:
+        print('mmnan replay: warning: ' + compat.ALLOWLIST_FALLBACK,
+              file=sys.stderr)
     bundle, report = replay_bundle(args.bundle, device=args.device,
                                    fp32=args.fp32)
     if args.json:
@@ -142,9 +145,15 @@ def build_parser():
         'training (mmdet / mmrotate).')
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
 
-    p = sub.add_parser('replay', help='re-run the failing iteration of a '
-                       'bundle and diagnose it (exit 0 reproduced, 3 finite, '
-                       '2 bad input)')
+    p = sub.add_parser(
+        'replay', help='re-run the failing iteration of a bundle and '
+        'diagnose it (exit 0 reproduced, 3 finite, 2 bad input)',
+        description="Re-run the failing iteration of a bundle. It executes "
+        "the bundle's config.py (and its custom_imports) as tools/train.py "
+        'would: replay only bundles you would train with. Its .pth files '
+        'load with torch.load(weights_only=True) and an allowlist of the '
+        'batch classes (torch < 2.6: the same allowlist in mmnanhook\'s own '
+        'unpickler), so they run no code; anything else is refused (exit 2).')
     p.add_argument('bundle', help='bundle directory (.../nan_dumps/...)')
     p.add_argument('--device', choices=('cpu', 'cuda'), default='cpu')
     p.add_argument('--fp32', action='store_true',
@@ -154,7 +163,9 @@ def build_parser():
     p.set_defaults(func=_replay)
 
     p = sub.add_parser('inspect', help='show the manifest and report of a '
-                       'bundle')
+                       'bundle', description='Show the manifest and report '
+                       'of a bundle: it reads JSON only, never unpickles nor '
+                       'executes anything of the bundle.')
     p.add_argument('bundle')
     p.add_argument('--html', action='store_true',
                    help='print the path of the bundle\'s report.html')

@@ -1,8 +1,13 @@
-"""Bundles made corrupt, partial or foreign in every way the loader rejects."""
+"""Bundles made corrupt, partial, foreign or hostile in every way the loader
+rejects."""
 import hashlib
+import io
 import json
 import os
 import os.path as osp
+import shutil
+
+import torch
 
 
 def _rewrite_manifest(path, edit):
@@ -12,6 +17,14 @@ def _rewrite_manifest(path, edit):
     edit(manifest)
     with open(manifest_path, 'w') as f:
         json.dump(manifest, f)
+
+
+def copy_bundle(bundle, tmp_path):
+    """A copy of ``bundle`` in the directory ``tmp_path`` (a ``pathlib``
+    path), to alter."""
+    path = str(tmp_path / osp.basename(bundle))
+    shutil.copytree(bundle, path)
+    return path
 
 
 def replace_listed_file(path, name, data):
@@ -100,3 +113,28 @@ CORRUPTIONS = {
     (lambda p: (replace_listed_file(p, 'report.json', b'{"kind": '), p)[1],
      'corrupt {report}'),
 }
+
+
+class _RunsCode(object):
+    """Unpickles by calling ``exec``: a hostile bundle's payload, which
+    creates the file ``marker`` if it ever runs."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, ("open({!r}, 'w').close()".format(self.marker), )
+
+
+def hostile_torch_file(marker):
+    """The bytes of a torch file that creates ``marker`` when unpickled,
+    its payload inside what looks like an RNG state."""
+    data = io.BytesIO()
+    torch.save({'torch': _RunsCode(marker), 'numpy': None, 'random': None},
+               data)
+    return data.getvalue()
+
+
+def hostile_config(text, marker):
+    """A config ``text`` that creates ``marker`` when executed."""
+    return "open({!r}, 'w').close()\n{}".format(marker, text)

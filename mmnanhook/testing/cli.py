@@ -5,10 +5,59 @@ import os.path as osp
 import re
 import subprocess
 import sys
+import uuid
+
+from mmengine.config import Config
+
+from .. import compat
 
 # A user's project, outside every package: its modules (``replay_toys``) are
 # importable only where this directory is on the path, as a project's are.
 PROJECT_DIR = osp.join(osp.dirname(osp.abspath(__file__)), 'project')
+
+BATCH = 2
+
+# What ``mmnan replay`` says first where torch cannot load with an allowlist.
+FALLBACK_WARNING = 'mmnan replay: warning: {}'.format(
+    compat.ALLOWLIST_FALLBACK)
+
+
+def toy_config(work_dir, model, **overrides):
+    """A config that trains the toy ``model`` of ``replay_toys`` with
+    NanDetectHook until its fault (``overrides`` replace top-level keys)."""
+    cfg = dict(
+        custom_imports=dict(imports=['replay_toys', 'mmnanhook'],
+                            allow_failed_imports=False),
+        default_scope='mmengine',
+        model=dict(type=model),
+        work_dir=work_dir,
+        experiment_name='{}_{}'.format(model, uuid.uuid4().hex),
+        train_dataloader=dict(
+            dataset=dict(type='ToyRegressionDataset', n=32),
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            batch_size=BATCH, num_workers=0),
+        train_cfg=dict(by_epoch=False, max_iters=16),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        custom_hooks=[dict(type='NanDetectHook')],
+        default_hooks=dict(checkpoint=None),
+        randomness=dict(seed=0),
+        log_level='WARNING')
+    cfg.update(overrides)
+    return Config(cfg)
+
+
+def train_to_bundle(cfg):
+    """Train ``cfg`` until NanDetectHook raises; that error, whose bundle
+    was written."""
+    from mmengine.runner import Runner
+
+    from mmnanhook import NonFiniteError
+    try:
+        Runner.from_cfg(cfg).train()
+    except NonFiniteError as error:
+        assert error.bundle is not None
+        return error
+    raise AssertionError('the run ended without a NonFiniteError')
 
 
 def mmnan(*args, **kwargs):
@@ -82,10 +131,16 @@ def message_lines(stderr):
 
 
 def assert_bad_input(result, command, expected):
+    """Exit 2, nothing on stdout, one line on stderr that names ``expected``
+    (after the warning line of a replay on torch < 2.5, which says how the
+    bundle is loaded there)."""
     assert result.returncode == 2, result.stdout + result.stderr
     assert 'Traceback' not in result.stderr
     assert result.stdout == ''
     lines = message_lines(result.stderr)
+    if command == 'replay' and compat.ALLOWLIST_FALLBACK:
+        assert lines[:1] == [FALLBACK_WARNING], result.stderr
+        lines = lines[1:]
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith('mmnan {}: error: '.format(command))
     assert expected in lines[0]

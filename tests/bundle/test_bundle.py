@@ -185,12 +185,12 @@ def test_round_trip(tmp_path):
         _strict_load(osp.join(path, name))
 
 
-def test_torch_files_are_zip_and_need_full_unpickling(tmp_path):
+def test_torch_files_are_zip_and_need_an_allowlist(tmp_path):
     import zipfile
     path = _write(tmp_path)
     data_file = osp.join(path, 'data_batch.pth')
     assert zipfile.is_zipfile(data_file)
-    # The reason compat.torch_load exists: the weights_only default of
+    # Why a bundle loads with its own allowlist: the weights_only default of
     # torch>=2.6 rejects the numpy metainfo of data samples.
     if TORCH_VERSION >= digit_version('2.6.0'):
         with pytest.raises(Exception, match='(?i)weights'):

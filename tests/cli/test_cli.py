@@ -13,36 +13,30 @@ import json
 import os
 import os.path as osp
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
-import uuid
 
 import cv2
 import numpy as np
 import pytest
 import torch
-from mmengine.config import Config
-from mmengine.runner import Runner
 
-from mmnanhook import NonFiniteError, compat
+from mmnanhook import compat
 from mmnanhook.bundle import load_bundle
 from mmnanhook.quarantine import read_quarantine
 from mmnanhook.sentinel import capture_rng, restore_rng
 from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
 from mmnanhook.testing import testbed
-from mmnanhook.testing.bundles import (CORRUPTIONS, drop_listed_file,
-                                       replace_listed_file)
-from mmnanhook.testing.cli import (PROJECT_DIR, assert_bad_input,
+from mmnanhook.testing.bundles import (CORRUPTIONS, copy_bundle,
+                                       drop_listed_file, replace_listed_file)
+from mmnanhook.testing.cli import (BATCH, PROJECT_DIR, assert_bad_input,
                                    assert_same_report, mmnan, replay_json,
-                                   run_report)
+                                   run_report, toy_config, train_to_bundle)
 
 if PROJECT_DIR not in sys.path:
     sys.path.insert(0, PROJECT_DIR)
 import replay_toys  # noqa: E402 - the project module, found on that path
-
-BATCH = 2
 
 
 def _line_of(module, marker):
@@ -55,35 +49,6 @@ def _line_of(module, marker):
 
 
 # -- bundles of real runs ----------------------------------------------------
-
-
-def _toy_config(work_dir, model, **overrides):
-    cfg = dict(
-        custom_imports=dict(imports=['replay_toys', 'mmnanhook'],
-                            allow_failed_imports=False),
-        default_scope='mmengine',
-        model=dict(type=model),
-        work_dir=work_dir,
-        experiment_name='{}_{}'.format(model, uuid.uuid4().hex),
-        train_dataloader=dict(
-            dataset=dict(type='ToyRegressionDataset', n=32),
-            sampler=dict(type='DefaultSampler', shuffle=False),
-            batch_size=BATCH, num_workers=0),
-        train_cfg=dict(by_epoch=False, max_iters=16),
-        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
-        custom_hooks=[dict(type='NanDetectHook')],
-        default_hooks=dict(checkpoint=None),
-        randomness=dict(seed=0),
-        log_level='WARNING')
-    cfg.update(overrides)
-    return Config(cfg)
-
-
-def _train_to_bundle(cfg):
-    with pytest.raises(NonFiniteError) as info:
-        Runner.from_cfg(cfg).train()
-    assert info.value.bundle is not None
-    return info.value
 
 
 def _first_keep(rng_state):
@@ -101,16 +66,10 @@ def _first_keep(rng_state):
 def subset_bundle(tmp_path_factory):
     """Bundle of a run whose fault depends only on the RNG in the forward."""
     work_dir = str(tmp_path_factory.mktemp('subset'))
-    error = _train_to_bundle(_toy_config(work_dir, 'RandomSubsetRegressor'))
+    error = train_to_bundle(toy_config(work_dir, 'RandomSubsetRegressor'))
     # Earlier iterations were finite: data and weights are not the cause.
     assert error.iter > 0
     return error.bundle
-
-
-def _copy(bundle, tmp_path):
-    path = str(tmp_path / osp.basename(bundle))
-    shutil.copytree(bundle, path)
-    return path
 
 
 # -- replay ------------------------------------------------------------------
@@ -132,7 +91,7 @@ def test_replay_reproduces_an_rng_dependent_fault_in_a_fresh_process(
 def test_replay_that_comes_out_finite_exits_3(subset_bundle, tmp_path):
     # The same weights and batch with another RNG state, from which the draw
     # keeps a sample (a correctly re-hashed bundle, so it loads).
-    bundle = _copy(subset_bundle, tmp_path)
+    bundle = copy_bundle(subset_bundle, tmp_path)
     saved = capture_rng()
     torch.manual_seed(0)
     other = capture_rng()
@@ -154,7 +113,7 @@ def test_replay_that_comes_out_finite_exits_3(subset_bundle, tmp_path):
     reason='needs bfloat16 autocast and a GradScaler on CPU (torch >= 2.3) '
     'to train under AMP without a GPU')
 def test_fp32_replay_of_an_autocast_only_failure_is_finite(tmp_path):
-    error = _train_to_bundle(_toy_config(
+    error = train_to_bundle(toy_config(
         str(tmp_path), 'MinMaxScaledRegressor',
         optim_wrapper=dict(type='CpuAmpOptimWrapper',
                            optimizer=dict(type='SGD', lr=0.01))))
@@ -202,7 +161,7 @@ def test_inspect_html_prints_the_path_of_report_html(subset_bundle,
     assert path == osp.abspath(osp.join(subset_bundle, 'report.html'))
     with open(path) as f:
         assert run_report(subset_bundle)['summary'] in f.read()
-    older = _copy(subset_bundle, tmp_path)
+    older = copy_bundle(subset_bundle, tmp_path)
     drop_listed_file(older, 'report.html')
     assert_bad_input(mmnan('inspect', '--html', older), 'inspect',
                      '{} has no report.html'.format(older))
@@ -238,7 +197,7 @@ BAD_INPUT.update({
 @pytest.mark.parametrize('case', sorted(BAD_INPUT))
 def test_bad_input_exits_2_with_one_line(subset_bundle, tmp_path, case):
     command, corrupt, expected, importable = BAD_INPUT[case]
-    good = _copy(subset_bundle, tmp_path)
+    good = copy_bundle(subset_bundle, tmp_path)
     result = mmnan(command, corrupt(good), importable=importable)
     assert_bad_input(result, command, expected.format(
         bundle=good, manifest=osp.join(good, 'manifest.json'),

@@ -1,0 +1,119 @@
+"""What a bundle's torch files may hold, and whether they hold it.
+
+A bundle can come from anyone, so its ``.pth`` files load through an
+allowlist (nothing else is imported or called, see
+:func:`mmnanhook.compat.torch_load_allowlisted`), and what loaded is checked
+to be what its name says before a replay uses it.
+"""
+import importlib
+import random
+
+import numpy as np
+import torch
+
+from ._layout import DATA_BATCH, MODEL, OPTIMIZER, RNG
+
+# The one allowlist, module -> names: what a batch of the supported
+# codebases pickles besides tensors and plain containers (mmengine's data
+# elements; mmdet's data sample, boxes and masks; mmrotate's boxes; numpy's
+# arrays and scalars in metainfo). Torch's own types are the loader's.
+_ALLOWED = {
+    'mmengine.structures.base_data_element': ('BaseDataElement', ),
+    'mmengine.structures.instance_data': ('InstanceData', ),
+    'mmdet.structures.det_data_sample': ('DetDataSample', ),
+    'mmdet.structures.bbox.horizontal_boxes': ('HorizontalBoxes', ),
+    'mmdet.structures.mask.structures': ('BitmapMasks', ),
+    'mmrotate.structures.bbox.rotated_boxes': ('RotatedBoxes', ),
+    'numpy': ('ndarray', 'dtype'),
+    'numpy.core.multiarray': ('_reconstruct', 'scalar'),
+}
+
+# numpy >= 1.20 makes each dtype an instance of a class of its own (e.g.
+# UInt32DType, of the MT19937 key) that a pickle builds without naming it.
+BUILT = tuple({type(np.dtype(code)) for code in '?bBhHiIlLqQefdFD'})
+
+# numpy >= 2 pickles numpy.core's names as numpy._core's.
+_NUMPY_CORE = ('numpy._core', 'numpy.core')
+
+
+def find_allowed(module, name):
+    """The object ``module.name`` if the allowlist holds it, else ``None``;
+    only a module of the allowlist is ever imported."""
+    canonical = module
+    for alias in _NUMPY_CORE:
+        if module == alias or module.startswith(alias + '.'):
+            canonical = 'numpy.core' + module[len(alias):]
+    if name not in _ALLOWED.get(canonical, ()):
+        return None
+    if canonical == 'numpy.core.multiarray':
+        # Whichever of the two this numpy has; numpy 2 warns on numpy.core.
+        try:
+            found = importlib.import_module('numpy._core.multiarray')
+        except ImportError:
+            found = importlib.import_module(canonical)
+    else:
+        found = importlib.import_module(canonical)
+    return getattr(found, name)
+
+
+def _rng_problem(state):
+    """Why ``state`` is not what :func:`~mmnanhook.sentinel.capture_rng`
+    returns, or ``None``."""
+    if not isinstance(state, dict) or not {'torch', 'numpy',
+                                           'random'} <= set(state):
+        return ('not an RNG state (a dict of torch, numpy and random '
+                'states)')
+    tensors = [state['torch']] + list(state.get('cuda') or [])
+    if not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
+               and t.dim() == 1 for t in tensors):
+        return 'not an RNG state (its torch states are not byte tensors)'
+    # Setting them is what checks them; the generators are put back after.
+    saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+    try:
+        torch.set_rng_state(state['torch'])
+        np.random.set_state(state['numpy'])
+        random.setstate(state['random'])
+    except (TypeError, ValueError, RuntimeError) as error:
+        return 'not an RNG state ({}: {})'.format(type(error).__name__, error)
+    finally:
+        torch.set_rng_state(saved[0])
+        np.random.set_state(saved[1])
+        random.setstate(saved[2])
+    return None
+
+
+def _batch_problem(batch):
+    if not isinstance(batch, dict) or 'inputs' not in batch:
+        return 'not a batch (a dict with inputs, as a dataloader yields)'
+    return None
+
+
+def _state_dict_problem(state):
+    if not isinstance(state, dict) or not all(
+            isinstance(k, str) and isinstance(v, torch.Tensor)
+            for k, v in state.items()):
+        return 'not a state dict (names to tensors)'
+    return None
+
+
+def _optimizer_problem(state):
+    if not isinstance(state, dict) or not {'state', 'param_groups'} <= set(
+            state):
+        return ('not an optimizer state dict (a dict with state and '
+                'param_groups)')
+    return None
+
+
+_CHECKS = {
+    DATA_BATCH: _batch_problem,
+    MODEL: _state_dict_problem,
+    OPTIMIZER: _optimizer_problem,
+    RNG: _rng_problem,
+}
+
+
+def content_problem(stem, obj):
+    """Why ``obj``, loaded from ``<stem>.pth``, is not what that file holds
+    in a bundle, or ``None`` (also for a stem without a check)."""
+    check = _CHECKS.get(stem)
+    return check(obj) if check is not None else None

@@ -1,0 +1,84 @@
+"""What a bundle's ``.pth`` files may hold: the real batches of the tiny and
+zoo configs load through the allowlist; a file that would run code is
+refused without running it, on every torch."""
+import os.path as osp
+import re
+
+import pytest
+import torch
+
+from mmnanhook import compat
+from mmnanhook.bundle import load_bundle, write_bundle
+from mmnanhook.errors import BundleError
+from mmnanhook.sentinel import capture_rng
+from mmnanhook.testing import testbed, zoo
+from mmnanhook.testing.bundles import hostile_torch_file, replace_listed_file
+
+
+def _first_batch(cfg):
+    """The first batch the train dataloader of ``cfg`` yields, as the hook
+    keeps it."""
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import Runner
+    init_default_scope(cfg.get('default_scope', 'mmengine'))
+    loader = dict(cfg.train_dataloader, num_workers=0,
+                  persistent_workers=False)
+    return next(iter(Runner.build_dataloader(loader, seed=0)))
+
+
+def _shown(samples):
+    """What the data samples print, but their addresses."""
+    return re.sub(r' at 0x[0-9a-f]+', '', str(samples))
+
+
+def _bundle(tmp_path, tensors):
+    return write_bundle(str(tmp_path / 'dumps'), 'b', {'iter': 0, 'rank': 0},
+                        tensors, texts={}, report={'kind': 'data'},
+                        history_records=[])
+
+
+@pytest.mark.parametrize('config', [
+    pytest.param('retinanet_voc', marks=pytest.mark.mmdet),
+    pytest.param('faster_rcnn', marks=pytest.mark.mmdet),
+    pytest.param('rotated_retinanet', marks=pytest.mark.mmrotate),
+])
+def test_batch_of_a_tiny_config_loads(tmp_path, config):
+    data = testbed.make_dataset(config, str(tmp_path / 'data'), num_images=2)
+    batch = _first_batch(testbed.tiny_config(config, data,
+                                             str(tmp_path / 'work')))
+    loaded = load_bundle(_bundle(tmp_path, {'data_batch': batch}),
+                         load=['data_batch']).load('data_batch')
+    assert torch.equal(loaded['inputs'][0], batch['inputs'][0])
+    assert _shown(loaded['data_samples']) == _shown(batch['data_samples'])
+
+
+@pytest.mark.parametrize('name', [
+    pytest.param('mask_rcnn_r50', marks=pytest.mark.mmdet),
+    pytest.param('oriented_rcnn', marks=pytest.mark.mmrotate),
+])
+def test_batch_of_a_zoo_config_loads(tmp_path, name):
+    data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'), num_images=2)
+    batch = _first_batch(zoo.child_config(name, data, str(tmp_path / 'work')))
+    loaded = load_bundle(_bundle(tmp_path, {'data_batch': batch}),
+                         load=['data_batch']).load('data_batch')
+    assert _shown(loaded['data_samples']) == _shown(batch['data_samples'])
+
+
+@pytest.mark.parametrize('stem', ['data_batch', 'model', 'optimizer', 'rng'])
+def test_a_file_that_would_run_code_is_refused_unrun(tmp_path, stem):
+    path = _bundle(tmp_path, {
+        'data_batch': {'inputs': [torch.zeros(3, 4, 4)]},
+        'model': torch.nn.Linear(2, 2).state_dict(),
+        'optimizer': {'state': {}, 'param_groups': []},
+        'rng': capture_rng()})
+    marker = str(tmp_path / 'ran')
+    replace_listed_file(path, stem + '.pth', hostile_torch_file(marker))
+    with pytest.raises(BundleError) as info:
+        load_bundle(path).load(stem)
+    assert str(info.value) == (
+        'refused {}: it names builtins.exec, which no bundle holds (nothing '
+        'of it was run)'.format(osp.join(path, stem + '.pth')))
+    assert not osp.exists(marker)
+    # What loads it where torch has no allowlist, said where it applies.
+    assert (compat.ALLOWLIST_FALLBACK is None) == (
+        compat.TORCH_VERSION >= compat.digit_version('2.6.0'))
