@@ -62,3 +62,31 @@ def split_batch(data_batch, indices):
         return value
 
     return take(data_batch)
+
+
+def replace_samples(data_batch, packed):
+    """The batch with some samples replaced by what a pipeline packed anew.
+
+    Args:
+        data_batch (dict): A batch of ``pseudo_collate`` (a list per key, one
+            entry per sample) or ``default_collate`` (stacked tensors).
+        packed (dict): Position -> the pipeline's output for that sample
+            (``{'inputs': ..., 'data_samples': ...}``), or ``None`` to leave
+            the sample out (a pipeline that dropped it).
+    """
+    n = batch_size(data_batch)
+    keep = [i for i in range(n) if i not in packed or packed[i] is not None]
+
+    def entry(key, value, i):
+        return packed[i][key] if i in packed else value[i]
+
+    batch = type(data_batch)()
+    for key, value in data_batch.items():
+        if isinstance(value, (list, tuple)) and len(value) == n:
+            batch[key] = type(value)(entry(key, value, i) for i in keep)
+        elif isinstance(value, torch.Tensor) and value.dim() > 0 and \
+                value.shape[0] == n:
+            batch[key] = torch.stack([entry(key, value, i) for i in keep])
+        else:
+            batch[key] = value
+    return batch

@@ -226,7 +226,7 @@ class NanDetectHook(Hook, Listener):
         self._start_weight = (largest_param(module) or {}).get('max_abs')
         self._rewinder = None
         if opts.rewinds:
-            self._rewinder = Rewinder(self.rewind_options)
+            self._rewinder = Rewinder(self.rewind_options, self._logger.log)
             self._rewinder.start(module, self._handle.wrappers)
         self._dropper = None
         if opts.policy == 'drop':
@@ -507,8 +507,8 @@ class NanDetectHook(Hook, Listener):
             # The culprit rank(s) replay their own batch and write the
             # bundle; a spike only when it stops or rewinds training.
             result = self._incident(
-                event, evidence,
-                logging.WARNING if quiet else logging.ERROR) or {}
+                event, evidence, logging.WARNING if quiet else logging.ERROR,
+                self.rewind_options if rewind else None) or {}
         if policy == 'drop' and not spike and not exception:
             self._step['event'] = event
             result['drop'] = self._dropper.plan(
@@ -571,7 +571,7 @@ class NanDetectHook(Hook, Listener):
                             grad_norm=event.grad_norm,
                             loss_scale=event.loss_scale)
 
-    def _incident(self, event, evidence, level=logging.ERROR):
+    def _incident(self, event, evidence, level, rewind):
         """Diagnose ``event`` and write its bundle; the answer for the error.
         """
         if not self.replay and not self.max_dumps:
@@ -589,7 +589,7 @@ class NanDetectHook(Hook, Listener):
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
             anomaly=self.anomaly != 'never', divergence=evidence,
-            start_weight=self._start_weight, level=level)
+            start_weight=self._start_weight, level=level, rewind=rewind)
         to_visualizer(getattr(runner, 'visualizer', None), result,
                       event.iter, self._logger)
         # What the diagnosis allocated is free now: give it back.

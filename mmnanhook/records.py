@@ -224,6 +224,73 @@ class ReplayResult(object):
                     or norm_bad or self.nan_check_stopped)
 
 
+class FixKind(_StrEnum):
+    """What a fix changes in the failing iteration before it is replayed."""
+
+    DROP_SAMPLES = 'drop_samples'  #: the batch without the implicated samples
+    FILTER = 'filter'  #: a box filter inserted into the train pipeline
+    DECLARED_SIZE = 'declared_size'  #: the annotation's size made the file's
+    FP32 = 'fp32'  #: the iteration in float32 instead of under autocast
+    LOWER_LR = 'lower_lr'  #: a lower learning rate from a good state
+    NONE = 'none'  #: nothing that can be applied mechanically
+
+
+FIX_KINDS = tuple(k.value for k in FixKind)
+
+
+class Fix(object):
+    """One fix a report suggests, and what replaying with it gave.
+
+    Args:
+        kind (FixKind | str): What the fix changes.
+        fix (str): The change, written to be copied into a config or an
+            annotation file.
+        finite (bool, optional): Whether the failing iteration replayed with
+            the fix is finite; ``None`` when it was not replayed (``detail``
+            says why).
+        loss (float, optional): The replayed total loss.
+        detail (str, optional): How it was checked, or why it was not.
+        samples (list[int]): Batch positions of the samples it concerns.
+        hint (int, optional): Index of the hint it verifies in the report's
+            ``hints``.
+    """
+
+    __slots__ = ('kind', 'fix', 'finite', 'loss', 'detail', 'samples', 'hint')
+
+    def __init__(self, kind, fix, finite=None, loss=None, detail=None,
+                 samples=None, hint=None):
+        self.kind = FixKind(kind)
+        self.fix = fix
+        self.finite = None if finite is None else bool(finite)
+        self.loss = loss
+        self.detail = detail
+        self.samples = list(samples or [])
+        self.hint = hint
+
+    @property
+    def status(self):
+        """``'verified'`` (finite with it), ``'refuted'`` (still
+        non-finite) or ``'untested'``."""
+        if self.finite is None:
+            return 'untested'
+        return 'verified' if self.finite else 'refuted'
+
+    def to_dict(self):
+        """As ``report.json`` stores it."""
+        data = dict((name, getattr(self, name)) for name in self.__slots__)
+        data['kind'] = self.kind.value
+        data['status'] = self.status
+        return data
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read back :meth:`to_dict`."""
+        return cls(**dict((k, data.get(k)) for k in cls.__slots__))
+
+    def __repr__(self):
+        return 'Fix(%s, %s: %r)' % (self.kind, self.status, self.fix)
+
+
 # report.json's schema version.
 REPORT_FORMAT_VERSION = 1
 
@@ -241,6 +308,7 @@ _REPORT_FIELDS = (
     ('samples', list),
     ('summary', ''),
     ('hints', list),
+    ('fixes', list),
     ('traceback', None),
     ('losses', dict),
     ('nonfinite_losses', list),
@@ -256,6 +324,7 @@ _REPORT_FIELDS = (
     ('sample_replays', None),
     ('largest_param', None),
     ('amp_dtype', None),
+    ('replays_agree', None),
     ('notes', list),
     ('elapsed_s', None),
 )
@@ -276,6 +345,11 @@ class Report(object):
             ``batch_problems``: every sample with a data problem.
         sample_replays (list[dict], optional): ``index``, ``result``,
             ``nonfinite_losses``, ``error`` of the one-sample replays.
+        fixes (list[Fix]): The fixes replayed on the failing iteration
+            (or why none could be).
+        replays_agree (bool, optional): For a failure the replay did not
+            reproduce: whether a second replay was finite too (``False``: a
+            fault that comes and goes).
         summary (str), hints (list[str]), notes (list[str]),
         traceback (str, optional): What the report says.
         losses, nonfinite_losses, grad_norm, nonfinite_grads,
@@ -316,7 +390,7 @@ class Report(object):
         data = {}
         for name, _ in _REPORT_FIELDS:
             value = getattr(self, name)
-            if name in _SAMPLE_FIELDS:
+            if name in _SAMPLE_FIELDS or name == 'fixes':
                 value = [s.to_dict() for s in value]
             elif name == 'kind' and value is not None:
                 value = value.value
@@ -332,6 +406,9 @@ class Report(object):
             if name in known:
                 known[name] = [SampleFinding.from_dict(s)
                                for s in known[name] or []]
+        if 'fixes' in known:
+            known['fixes'] = [Fix.from_dict(f) for f in known['fixes'] or []
+                              if f.get('kind') in FIX_KINDS]
         if known.get('kind') not in (None, ) + KINDS:
             known['kind'] = None
         return cls(**known)

@@ -10,7 +10,8 @@ from ._layout import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, FORMAT_VERSION,
                       HISTORY_JSON, HISTORY_PNG, MANIFEST, MODEL, OPTIMIZER,
                       REPORT, REPORT_HTML, REPORT_TEXT, RNG, TORCH_SUFFIX,
                       amp_dtype_name, bundle_name, render_manifest,
-                      to_strict_json, versions)
+                      sample_image_name, sample_info_name, to_strict_json,
+                      versions)
 from ._plot import plot_history
 from ._reader import Bundle, load_bundle
 from ._writer import write_bundle
@@ -20,5 +21,5 @@ __all__ = [
     'HISTORY_JSON', 'HISTORY_PNG', 'MANIFEST', 'MODEL', 'OPTIMIZER', 'REPORT',
     'REPORT_HTML', 'REPORT_TEXT', 'RNG', 'TORCH_SUFFIX', 'amp_dtype_name',
     'bundle_name', 'load_bundle', 'plot_history', 'render_manifest',
-    'to_strict_json', 'versions', 'write_bundle'
+    'sample_image_name', 'sample_info_name', 'to_strict_json', 'versions', 'write_bundle'
 ]

@@ -9,11 +9,15 @@ Layout of a bundle directory::
     config.py       the run's config; report.txt, the report as text
     history.json    the last iterations' loss / grad norm / lr / loss scale
     history.png     their plot, the failing iteration marked
+    sample<i>_info.json, sample<i>_image.<ext>
+                    an implicated sample's data info and image file (the
+                    fixes run it through the train pipeline again)
 """
 import datetime
 import hashlib
 import math
 import numbers
+import os.path as osp
 import platform
 import sys
 
@@ -44,6 +48,21 @@ DATA_BATCH = 'data_batch'
 MODEL = 'model'
 OPTIMIZER = 'optimizer'
 RNG = 'rng'
+
+
+
+def sample_info_name(index):
+    """The data info of the implicated sample at batch position ``index``
+    (JSON): with its image file, what an offline replay runs through the
+    train pipeline again to verify a fix."""
+    return 'sample{}_info.json'.format(int(index))
+
+
+def sample_image_name(index, path):
+    """The copy of that sample's image file, its extension kept."""
+    return 'sample{}_image{}'.format(int(index),
+                                     osp.splitext(str(path))[1].lower())
+
 
 # How a manifest names the autocast dtype of the run (absent: float32).
 AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}

@@ -15,7 +15,10 @@ def _plot_series(ax, iters, values, title, fail_iter, spiked=(),
                  rewinds=()):
     finite = [v if v is not None and math.isfinite(v) else float('nan')
               for v in values]
-    ax.plot(iters, finite, color='tab:blue', linewidth=1)
+    # Points marked: a run that failed at iteration 1 has one finite value,
+    # which a line alone never draws.
+    ax.plot(iters, finite, color='tab:blue', linewidth=1, marker='o',
+            markersize=3)
     marked = [(i, v) for i, v in zip(iters, finite)
               if i in spiked and not math.isnan(v)]
     if marked:

@@ -129,7 +129,13 @@ def run_demo(dota=False, work_dir=None):
         _say()
         _say('== NanDetectHook stopped training at iter {}, before the '
              'optimizer step:'.format(error.iter))
-        _say('   ' + str(error).splitlines()[-2 if error.bundle else -1])
+        report = error.report or {}
+        _say('   ' + (report.get('summary') or str(error).splitlines()[-1]))
+        verified = [f for f in report.get('fixes') or []
+                    if f.get('status') == 'verified']
+        if verified:
+            _say('   verified fix (the failing iteration replayed with it is '
+                 'finite): ' + verified[0]['fix'])
         if error.bundle:
             _where_it_is(error, runner)
         return 0

@@ -1,13 +1,15 @@
 """Offline replay of a bundle: rebuild the model from the bundle's config,
 load its parameters, batch and RNG, and run the tier-2 diagnosis again."""
 import functools
+import json
+import os.path as osp
 
 import torch
 
 from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
                       RNG, load_bundle)
-from ..diagnosis import (angle_range_from_config, apply_divergence,
-                         declared_sizes, diagnose)
+from ..diagnosis import (TrainPipeline, angle_range_from_config,
+                         apply_divergence, declared_sizes, diagnose)
 from ..errors import BundleError
 from ..report import finalize
 from ..sentinel import restore_rng
@@ -50,6 +52,30 @@ def _load_inputs(path, device):
     return bundle, cfg, model
 
 
+def _sources(bundle):
+    """Batch position -> data info of each sample the bundle keeps a copy
+    of, its ``img_path`` the copy (for the fixes that run it through the
+    train pipeline again)."""
+    sources = {}
+    for index, names in (bundle.manifest.get('sources') or {}).items():
+        try:
+            info = json.loads(bundle.text(names['info']))
+            info['img_path'] = osp.join(bundle.path, names['image'])
+            sources[int(index)] = info
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise BundleError('corrupt "sources" entry {!r} in {}: {}: '
+                              '{}'.format(index, bundle.path,
+                                          type(error).__name__, error))
+    return sources
+
+
+def _pipeline(cfg):
+    try:
+        return TrainPipeline.from_config(cfg)
+    except Exception:  # noqa: BLE001 - the fixes say it is unknown
+        return None
+
+
 def replay_bundle(path, device='cpu', fp32=False):
     """Replay the failing iteration of a bundle and diagnose it.
 
@@ -76,8 +102,10 @@ def replay_bundle(path, device='cpu', fp32=False):
         angle_range=angle_range_from_config(cfg),
         optimizer_state=bundle.load(OPTIMIZER)
         if bundle.has(OPTIMIZER) else None,
-        declared=declared_sizes(bundle.manifest.get('annotations')))
+        declared=declared_sizes(bundle.manifest.get('annotations')),
+        pipeline=_pipeline(cfg), sources=_sources(bundle))
     # What the run knew of a divergence before the trigger, again.
-    if apply_divergence(report, bundle.manifest.get('divergence')):
+    if apply_divergence(report, bundle.manifest.get('divergence'),
+                        bundle.manifest.get('rewind')):
         finalize(report)
     return bundle, report

@@ -10,6 +10,8 @@
 * :mod:`._state_scan`: non-finite parameters, buffers, optimizer state.
 * :mod:`._state`, :mod:`._tensors`, :mod:`._frames`: what a replay puts back,
   finding tensors, reading stack frames.
+* :mod:`._fixes`: the iteration replayed with each fix the findings suggest.
+* :mod:`._pipeline`: a sample through the train pipeline again, with a fix.
 * :mod:`._incident`: on a trigger in training, the diagnosis and the bundle.
 """
 from ._data import (angle_range_from_config, annotation_of, annotations,
@@ -18,11 +20,12 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
 from ._diagnose import diagnose
 from ._divergence import apply_divergence, divergence_evidence
 from ._incident import default_dump_dir, handle_incident
+from ._pipeline import TrainPipeline
 from ._state_scan import largest_param
 
 __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
     'divergence_evidence', 'declared_size', 'declared_sizes', 'default_dump_dir', 'diagnose',
-    'handle_incident', 'largest_param', 'split_batch'
+    'handle_incident', 'largest_param', 'split_batch', 'TrainPipeline'
 ]

@@ -272,7 +272,7 @@ def size_mismatch_problem(declared, sample):
     return DataProblem(ProblemCategory.SIZE_MISMATCH, text)
 
 
-def annotations(dataset, data_batch):
+def annotations(dataset, data_batch, infos=None):
     """What the annotations say of a batch's images: size and boxes.
 
     Looked up by ``img_path`` in the dataset's data infos (through dataset
@@ -282,6 +282,8 @@ def annotations(dataset, data_batch):
     Args:
         dataset: The train dataset (an mmengine ``BaseDataset``).
         data_batch (dict): The batch.
+        infos (dict, optional): Filled with batch position -> the sample's
+            data info as the dataset gives it (what its pipeline is given).
 
     Returns:
         list: One ``{'declared': (width, height) | None, 'boxes': [[...]]}``
@@ -301,6 +303,8 @@ def annotations(dataset, data_batch):
         i = wanted.pop(str(info.get('img_path')), None)
         if i is not None:
             found[i] = annotation_of(dataset, info)
+            if infos is not None:
+                infos[i] = info
         if not wanted:
             break
     return found

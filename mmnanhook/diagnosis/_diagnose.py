@@ -15,7 +15,9 @@ step, under instrumentation too slow for every iteration:
    activations leave the AMP dtype's range is named;
 5. the producer module's forward is replayed once more with a line tracer,
    for the exact source line;
-6. each sample is replayed on its own, to name the ones that fail alone.
+6. each sample is replayed on its own, to name the ones that fail alone;
+7. the iteration is replayed with each fix the findings suggest
+   (:mod:`._fixes`); a replay that came out finite is tried once more.
 
 The model's parameters are never written; gradients, buffers and RNG states
 are put back as they were.
@@ -31,6 +33,7 @@ from ..records import SampleFinding
 from ..report import finalize, new_report
 from ._classify import classify, fill_location
 from ._data import batch_size, check_batch, split_batch
+from ._fixes import verify_fixes
 from ._forward import ForwardWatch, LineLocator
 from ._session import ReplaySession, device_type, display_name, \
     forward_detail
@@ -75,23 +78,43 @@ def _replay_samples(session, report, backward, log):
 
 
 def _compare_fp32(session, report):
-    """Replay in float32; record the range overflow if that is finite."""
+    """Replay in float32; record the range overflow if that is finite.
+
+    Returns:
+        ReplayResult: The float32 replay.
+    """
     limit = float(torch.finfo(session.amp_dtype).max)
     watch = ForwardWatch(session.model, range_limit=limit)
     replay = session.run(amp=False, forward_ctx=watch)
     if replay.nonfinite or replay.error is not None:
-        return
+        return replay
     over = watch.over_range or {}
     report.overflow = {
         'dtype': report.amp_dtype, 'limit': limit,
         'module': display_name(over.get('module')),
         'max_abs': over.get('max_abs')}
+    return replay
 
 
-def _locate_forward(session, report, producer):
-    """Trace the producer's call line by line for the exact source line."""
+def _replay_again(session, report, log):
+    """A finite replay, tried once more: does the failure come and go?"""
+    log('mmnanhook: the replay is finite; replaying once more')
+    again = session.run()
+    report.replays_agree = not (again.nonfinite or again.error is not None)
+    if not report.replays_agree:
+        report.notes.append(
+            'the second replay of the same iteration was not finite ({}): '
+            'a fault that comes and goes (nondeterministic kernels, a race, '
+            'hardware)'.format(', '.join(again.nonfinite_losses)
+                               or 'gradients' if again.error is None
+                               else again.error['type']))
+
+
+def _locate_forward(session, report, producer, quiet):
+    """Trace the producer's call line by line for the exact source line
+    (not inside the ``quiet`` submodule calls, seen finite)."""
     module = dict(session.model.named_modules())[producer['module']]
-    locator = LineLocator(module, producer['call'])
+    locator = LineLocator(module, producer['call'], producer['module'], quiet)
     session.run(forward_ctx=locator, backward=False)
     report.forward = forward_detail(producer, locator.found)
 
@@ -111,7 +134,8 @@ def _implicated_samples(session, report, main, check_samples, log):
 
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
-             logger=None, anomaly=True, declared=None):
+             logger=None, anomaly=True, declared=None, pipeline=None,
+             sources=None):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -139,6 +163,10 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
         declared (list, optional): Per sample, the ``(width, height)`` its
             annotation declares (see
             :func:`mmnanhook.data_checks.declared_sizes`).
+        pipeline (TrainPipeline, optional): The run's train pipeline, for
+            the fixes that run a sample through it again.
+        sources (dict, optional): Batch position -> that sample's data info
+            as the dataset gives it (its ``img_path`` readable here).
 
     Returns:
         dict: The report (see :func:`mmnanhook.report.new_report`), with
@@ -188,18 +216,25 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             # A forward that raised after making non-finite values: those
             # are the likely cause (e.g. a matcher given a NaN cost matrix).
             report.forward = forward_detail(watch.producer, None)
+        fp32 = None
         if main.error is None and main.nonfinite:
             if replay_dtype is not None:
                 log('mmnanhook: replaying in float32 to compare')
-                _compare_fp32(session, report)
+                fp32 = _compare_fp32(session, report)
             if watch.producer is not None:
-                _locate_forward(session, report, watch.producer)
+                _locate_forward(session, report, watch.producer,
+                                watch.finite_calls)
             by_index = dict((s.index, s) for s in samples)
             report.samples = [
                 by_index.get(i, SampleFinding(i))
                 for i in _implicated_samples(session, report, main,
                                              check_samples, log)]
-    report.kind = classify(report, main)
-    fill_location(report, main, watch)
+        elif main.error is None:
+            _replay_again(session, report, log)
+        report.kind = classify(report, main)
+        fill_location(report, main, watch)
+        log('mmnanhook: replaying the failing iteration with each fix')
+        report.fixes = verify_fixes(
+            report, session, pipeline, sources, declared, angle_range, fp32)
     report.elapsed_s = time.time() - start
     return finalize(report)

@@ -9,6 +9,8 @@ history for that story; :func:`apply_divergence` makes it the report's kind
 """
 import math
 
+from ._fixes import lower_lr_fix
+
 # A run of at least this many rising finite values, ending this many times
 # above where it started, is a blow-up even without a spike (an LR far too
 # high diverges within a few iterations, before any spike band exists).
@@ -49,6 +51,23 @@ def rising(records):
     return any(_blowup(records, s) is not None for s in ('loss', 'grad_norm'))
 
 
+# The rise a report shows: its first values and the last ones before the
+# trigger, ``...`` between.
+_RISE_HEAD, _RISE_TAIL = 3, 4
+
+
+def _rise(records, series, began):
+    """The values of the rise from ``began`` to the trigger (the last
+    record): ``{'series', 'values': [[iter, value], ...]}``. A blow-up of
+    the weights shows as the loss it drove."""
+    key = 'loss' if series == 'weights' else series
+    values = [[r['iter'], r.get(key)] for r in records
+              if r['iter'] >= began and r.get(key) is not None]
+    if len(values) > _RISE_HEAD + _RISE_TAIL:
+        values = values[:_RISE_HEAD] + [None] + values[-_RISE_TAIL:]
+    return dict(series=key, values=values)
+
+
 def _lr_at(records, iter):
     for record in records:
         if record['iter'] == iter:
@@ -85,7 +104,8 @@ def divergence_evidence(records, spikes, reference_norms=None,
 
     Returns:
         dict | None: ``began_at``, ``series``, ``factor``, ``value``,
-        ``median``, ``lr``, ``spikes`` (their count), ``grown`` (the
+        ``median``, ``lr``, ``spikes`` (their count), ``rise`` (the values
+        from where it began to the trigger), ``grown`` (the
         parameters whose norms grew most), ``clip_max_norm``, ``amp``; or
         ``None`` when nothing diverged before the trigger.
     """
@@ -107,6 +127,7 @@ def divergence_evidence(records, spikes, reference_norms=None,
         began_at=start['iter'], series=start['series'],
         factor=start['factor'], value=start['value'], median=start['median'],
         lr=_lr_at(records, start['iter']), spikes=len(spikes or []),
+        rise=_rise(records, start['series'], start['iter']),
         grown=_grown(reference_norms or {}, current_norms or {}),
         clip_max_norm=(2.0 * grad_median if _finite(grad_median)
                        and grad_median > 0 else None),
@@ -144,13 +165,23 @@ def weight_evidence(records, largest, start, amp=False):
     return dict(
         began_at=began, series='weights', factor=now / start, value=now,
         median=start, lr=_lr_at(records, began), spikes=0,
+        rise=_rise(records, 'weights', began),
         grown=[dict(name=largest['name'], before=start, after=now,
                     ratio=now / start)],
         clip_max_norm=2.0 * median if median else None, amp=bool(amp))
 
 
-def apply_divergence(report, evidence):
+def apply_divergence(report, evidence, rewind=None):
     """Make ``evidence`` the report's finding unless the data is at fault.
+
+    Its fix is then a lower learning rate (:func:`lower_lr_fix`), replacing
+    the fixes of the symptom.
+
+    Args:
+        report (Report): The diagnosis of the trigger.
+        evidence (dict, optional): :func:`divergence_evidence`'s answer.
+        rewind (dict, optional): ``lr_factor`` and ``cooldown`` of the
+            rewind about to be done.
 
     Returns:
         bool: Whether the report is now of kind ``'divergence'``.
@@ -160,4 +191,5 @@ def apply_divergence(report, evidence):
     report.divergence = dict(evidence, symptom_kind=(
         report.kind.value if report.kind is not None else None))
     report.kind = 'divergence'
+    report.fixes = [lower_lr_fix(report.divergence, rewind)]
     return True

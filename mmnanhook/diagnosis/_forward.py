@@ -98,6 +98,9 @@ class ForwardWatch(_Patches):
         over_range (dict | None): ``module``, ``call`` and ``max_abs`` of the
             first module call exceeding ``range_limit``.
         failed (str | None): The innermost module whose forward raised.
+        finite_calls (set): ``(module, call)`` of the calls whose inputs
+            and outputs were seen finite before the producer was found
+            (:class:`LineLocator` need not trace inside them).
     """
 
     def __init__(self, model, claim_nodes=False, range_limit=None):
@@ -108,6 +111,7 @@ class ForwardWatch(_Patches):
         self.producer = None
         self.over_range = None
         self.failed = None
+        self.finite_calls = set()
         self._calls = Counter()
         self._owner = {}
 
@@ -182,6 +186,8 @@ class ForwardWatch(_Patches):
                                      op=_grad_fn_name(bad),
                                      frames=_stack_frames(),
                                      **count_nonfinite(bad))
+            else:
+                self.finite_calls.add((name, call))
         if look_range and self.over_range is None:
             peak = max_abs(outputs)
             if peak > self.range_limit:
@@ -222,26 +228,65 @@ class LineLocator(_Patches):
     version).  The first non-finite one blames the line that made it.  A
     non-finite argument of a traced function blames the caller's line.
 
+    Tracing every line of a large call (the whole model, when its loss
+    dict is what turns non-finite) costs far more than the forward itself:
+    inside the calls of submodules that are known finite (``quiet``, from
+    :attr:`ForwardWatch.finite_calls`) nothing is traced.
+
     Args:
         module (nn.Module): The producer module.
         call (int): Which of its calls (0-based) to trace.
+        name (str): The producer's dotted name in the model (``''``: the
+            model itself), as ``quiet`` names modules.
+        quiet (set, optional): ``(module, call)`` of the submodule calls
+            not to trace inside.
 
     Attributes:
         found (dict | None): ``location`` (``file:line``), ``code`` (the
             source line) and ``op`` (the ``grad_fn`` of the tensor, if any).
     """
 
-    def __init__(self, module, call):
+    def __init__(self, module, call, name='', quiet=None):
         super(LineLocator, self).__init__()
         self.module = module
         self.call = call
+        self.name = name
+        self.quiet = quiet or set()
         self.found = None
         self._calls = 0
+        self._sub_calls = Counter()
         self._checked = {}
         self._last_line = {}
 
     def _install(self):
         self._undo.append(_patch_forward(self.module, self._make_wrapper))
+        if not self.quiet:
+            return
+        for sub, module in self.module.named_modules():
+            if sub:
+                full = '{}.{}'.format(self.name, sub) if self.name else sub
+                self._undo.append(_patch_forward(module,
+                                                 self._make_quiet(full)))
+
+    def _make_quiet(self, name):
+
+        def make(forward):
+
+            def quiet_forward(*args, **kwargs):
+                call = self._sub_calls[name]
+                self._sub_calls[name] += 1
+                previous = sys.gettrace()
+                if previous is None or (name, call) not in self.quiet:
+                    return forward(*args, **kwargs)
+                sys.settrace(None)
+                try:
+                    return forward(*args, **kwargs)
+                finally:
+                    sys.settrace(previous)
+
+            return quiet_forward
+
+        return make
 
     def _make_wrapper(self, forward):
 

@@ -2,6 +2,7 @@
 its bundle.  Runs inside the update step, before the policy acts, so the
 parameters and optimizer state are still those before the failing step."""
 import functools
+import json
 import logging
 import os.path as osp
 import time
@@ -13,13 +14,15 @@ from .._log import log
 from .._mmengine import unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       REPORT_TEXT, RNG, bundle_name, render_manifest,
-                      to_strict_json, write_bundle)
+                      sample_image_name, sample_info_name, to_strict_json,
+                      write_bundle)
 from ..records import Report
 from ..report import finalize, format_report, render_html, sample_pictures
 
 from ..sentinel import restore_rng
 from ._data import angle_range_from_config, annotations, declared_sizes
 from ._diagnose import diagnose
+from ._pipeline import TrainPipeline, image_too_large
 from ._divergence import apply_divergence, weight_evidence
 
 
@@ -40,21 +43,53 @@ def _unreplayed_report(summary):
     return Report(summary=summary)
 
 
-def _annotations(runner, data_batch):
+def _annotations(runner, data_batch, infos):
     # What the annotations say of the batch's images; the bundle keeps it,
     # as a replay has no dataset to ask.
     try:
-        return annotations(runner.train_dataloader.dataset, data_batch)
+        return annotations(runner.train_dataloader.dataset, data_batch,
+                           infos)
     except Exception as error:  # noqa: BLE001 - a missing detail only
         log('mmnanhook: the annotations of the batch are unknown ({}: '
             '{})'.format(type(error).__name__, error), logging.WARNING)
         return None
 
 
+def _pipeline(cfg):
+    try:
+        return TrainPipeline.from_config(cfg)
+    except Exception as error:  # noqa: BLE001 - fixes untested only
+        log('mmnanhook: the train pipeline is unknown ({}: {})'.format(
+            type(error).__name__, error), logging.WARNING)
+        return None
+
+
+def _sample_files(report, infos):
+    """The data info and image file of each implicated sample, for an
+    offline replay of the fixes: ``(blobs, manifest entries)``."""
+    blobs, kept = {}, {}
+    for sample in report.samples:
+        info = infos.get(sample.index)
+        path = (info or {}).get('img_path')
+        if path is None or image_too_large(path):
+            continue
+        try:
+            with open(path, 'rb') as f:
+                image = f.read()
+        except OSError:  # the fixes are then untested offline, no more
+            continue
+        names = dict(info=sample_info_name(sample.index),
+                     image=sample_image_name(sample.index, path))
+        blobs[names['info']] = json.dumps(info).encode()
+        blobs[names['image']] = image
+        kept[str(sample.index)] = names
+    return blobs, kept
+
+
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     dump_dir, max_dumps, replay, dump_optimizer,
                     anomaly=True, divergence=None, start_weight=None,
-                    level=logging.ERROR):
+                    level=logging.ERROR, rewind=None):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -76,6 +111,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         level (int): The log level of the diagnosis: a warning for a
             trigger the policy handles, an error for one that stops
             training.
+        rewind (RewindOptions, optional): The policy goes back to a snapshot
+            and lowers the LR: the steps after it test that fix.
 
     Returns:
         dict: ``bundle`` (path or None), ``summary``, ``report``, and
@@ -85,7 +122,11 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     model = unwrap_model(runner.model)
     amp_dtype = _amp_dtype(runner.optim_wrapper)
     optim_state = runner.optim_wrapper.state_dict()
-    found = _annotations(runner, data_batch)
+    infos = {}
+    found = _annotations(runner, data_batch, infos)
+    # As a bundle gives them back: the fixes replay alike offline.
+    infos = dict((i, json.loads(json.dumps(to_strict_json(info))))
+                 for i, info in infos.items())
     declared = declared_sizes(found)
     if replay:
         try:
@@ -95,7 +136,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 amp_dtype=amp_dtype,
                 angle_range=angle_range_from_config(runner.cfg),
                 optimizer_state=optim_state, anomaly=anomaly,
-                declared=declared)
+                declared=declared, pipeline=_pipeline(runner.cfg),
+                sources=infos)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logging.ERROR)
@@ -107,7 +149,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     if divergence is None:
         divergence = weight_evidence(history_records, report.largest_param,
                                      start_weight, amp=amp_dtype is not None)
-    if apply_divergence(report, divergence):
+    if rewind is not None:
+        rewind = dict(lr_factor=rewind.lr_factor, cooldown=rewind.cooldown)
+    if apply_divergence(report, divergence, rewind):
         finalize(report)
     text = format_report(report)
     log(text, level)
@@ -122,13 +166,16 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             event.iter = runner.iter
         manifest = render_manifest(event, runner.epoch, amp_dtype, found,
                                    divergence)
+        blobs, manifest['sources'] = _sample_files(report, infos)
+        manifest['rewind'] = rewind
+        blobs.update((p.name, p.png()) for p in pictures)
         path = write_bundle(
             dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
             tensors, {CONFIG_FILE: _config_text(runner.cfg),
                       REPORT_TEXT: text + '\n'},
             to_strict_json(report.to_dict()), history_records,
             max_dumps=max_dumps,
-            blobs=dict((p.name, p.png()) for p in pictures),
+            blobs=blobs,
             render=functools.partial(_render_html, report, manifest,
                                      pictures))
     # What the error carries is report.json's content.

@@ -10,12 +10,12 @@ one-line summary, its hints and its text.
   visualizer.
 """
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
-from ._hints import make_hints
+from ._hints import keyed_hints, make_hints
 from ._html import render_html
 from ._pictures import (Picture, finding_pictures, pipeline_image, report_card,
                         sample_pictures)
 from ._summary import summarize
-from ._text import format_report
+from ._text import fix_line, format_report, verified_hints
 from ._visualizer import to_visualizer
 
 
@@ -31,13 +31,17 @@ def finalize(report):
         report (Report): A report, filled in.
     """
     report.summary = summarize(report)
-    report.hints = make_hints(report)
+    keyed = keyed_hints(report)
+    report.hints = [text for _, text in keyed]
+    keys = [key for key, _ in keyed]
+    for fix in report.fixes:
+        fix.hint = keys.index(fix.kind) if fix.kind in keys else None
     return report
 
 
 __all__ = [
     'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'finalize',
-    'finding_pictures', 'format_report', 'make_hints', 'new_report',
+    'finding_pictures', 'fix_line', 'format_report', 'make_hints', 'new_report',
     'pipeline_image', 'render_html', 'report_card', 'sample_pictures',
-    'summarize', 'to_visualizer'
+    'summarize', 'to_visualizer', 'verified_hints'
 ]

@@ -2,7 +2,7 @@
 import math
 
 from .._format import format_value
-from ..records import ProblemCategory
+from ..records import FixKind, ProblemCategory
 from ._summary import _names, divergence_words
 
 # Weights this large in a network that trained normally so far are the
@@ -43,6 +43,7 @@ def _op_advice(op):
 
 
 def _data_hints(report):
+    """``(fix kind, hint)`` pairs for the data problems found."""
     hints = []
     if report.kind == 'data':
         samples = report.samples
@@ -54,40 +55,40 @@ def _data_hints(report):
     paths = [s.img_path for s in samples if s.problems and s.img_path]
     where = ' (images: {})'.format(_names(paths)) if paths else ''
     if ProblemCategory.SIZE_MISMATCH in categories:
-        hints.append(
+        hints.append((FixKind.DECLARED_SIZE,
             'The annotation declares other image sizes than the files have, '
             'so boxes beyond the real border survive the dataset filter and '
             "are clipped by the pipeline: fix the sizes (or the boxes) in the "
             'annotation file' + where + '. If the annotations were made on '
             'the raw pixels of images with an EXIF orientation, load them '
             "unrotated: `dict(type='LoadImageFromFile', "
-            "color_type='color_ignore_orientation')`.")
+            "color_type='color_ignore_orientation')`."))
     if ProblemCategory.DEGENERATE in categories:
-        hints.append(
+        hints.append((FixKind.FILTER,
             'Drop degenerate GT boxes before they reach the box coder '
             '(log(w) of a zero width is -inf): add '
-            "`dict(type='FilterAnnotations', min_gt_bbox_wh=(1e-2, 1e-2))` "
-            'to the train pipeline after the resize (mmrotate: '
-            "`type='mmdet.FilterAnnotations'`), or fix the annotations"
-            + where + '.')
+            "`dict(type='FilterAnnotations', min_gt_bbox_wh=(0.01, 0.01))` "
+            'to the train pipeline before its `Pack*Inputs` step, after '
+            "every resize (mmrotate: `type='mmdet.FilterAnnotations'`), or "
+            'fix the annotations' + where + '.'))
     if ProblemCategory.NONFINITE_BOX in categories:
-        hints.append('Some GT boxes hold NaN/Inf coordinates: fix or remove '
-                     'those annotations' + where + '.')
+        hints.append((None, 'Some GT boxes hold NaN/Inf coordinates: fix or '
+                      'remove those annotations' + where + '.'))
     if ProblemCategory.OUTSIDE in categories:
-        hints.append(
+        hints.append((None,
             'Some GT boxes lie outside their image: check the annotation '
             'coordinates (order x1, y1, x2, y2; units) and filter such '
-            'boxes' + where + '.')
+            'boxes' + where + '.'))
     if ProblemCategory.ANGLE in categories:
-        hints.append(
+        hints.append((None,
             'Some rotated GT boxes have angles outside the configured '
             "range: make the dataset's and the model's `angle_version` "
-            'agree' + where + '.')
+            'agree' + where + '.'))
     if ProblemCategory.NONFINITE_INPUT in categories:
-        hints.append(
+        hints.append((None,
             'The input images hold NaN/Inf: check image decoding and the '
             'normalisation (e.g. a zero std in `data_preprocessor`)' + where
-            + '.')
+            + '.'))
     return hints
 
 
@@ -129,6 +130,23 @@ def _exception_hint(report):
     return None
 
 
+def keyed_hints(report):
+    """The hints of a report, each with the kind of fix that checks it.
+
+    A hint whose fix was replayed and came out non-finite is left out: it
+    is shown as refuted with the fixes, never as advice.
+
+    Args:
+        report (Report): A report, filled in (its ``fixes`` included).
+
+    Returns:
+        list[tuple]: ``(FixKind | None, hint)``, most specific first.
+    """
+    refuted = set(f.kind for f in report.fixes if f.status == 'refuted')
+    return [(key, text) for key, text in _keyed_hints(report)
+            if key is None or key not in refuted]
+
+
 def make_hints(report):
     """Concrete fixes suggested by a report's findings.
 
@@ -138,6 +156,10 @@ def make_hints(report):
     Returns:
         list[str]: Hints, most specific first.
     """
+    return [text for _, text in keyed_hints(report)]
+
+
+def _keyed_hints(report):
     kind = report.kind
     hints = []
     if kind == 'divergence':
@@ -147,47 +169,47 @@ def make_hints(report):
     if kind in ('data', 'forward', 'backward', 'overflow'):
         advice = _op_advice(report.op)
         if advice:
-            hints.append('{} at {}: {}.'.format(
-                report.op, report.location or 'the reported op', advice))
+            hints.append((None, '{} at {}: {}.'.format(
+                report.op, report.location or 'the reported op', advice)))
     if kind == 'overflow':
-        hints.append(_overflow_hint(report))
+        hints.append((FixKind.FP32, _overflow_hint(report)))
     if kind == 'optimizer_state':
-        hints.append(
+        hints.append((None,
             'Resume from the last good checkpoint; a non-finite optimizer '
             "state stays non-finite. Lower the learning rate, raise Adam's "
-            '`eps`, or set `clip_grad`.')
+            '`eps`, or set `clip_grad`.'))
     if _exploding(report):
         largest = report.largest_param or {}
         detail = ''
         if (largest.get('max_abs') or 0.0) >= LARGE_WEIGHT:
             detail = ' (largest |weight| {} in {})'.format(
                 format_value(largest.get('max_abs')), largest['name'])
-        hints.append(
+        hints.append((None,
             'This looks like an exploding update{}: lower the learning '
             'rate, lengthen the warmup (`param_scheduler` LinearLR), set '
             '`optim_wrapper.clip_grad=dict(max_norm=35, norm_type=2)`, and '
-            'resume from the last good checkpoint.'.format(detail))
+            'resume from the last good checkpoint.'.format(detail)))
     if kind == 'exception' and _exception_hint(report):
-        hints.append(_exception_hint(report))
+        hints.append((None, _exception_hint(report)))
     replays = report.sample_replays
     if (kind not in ('not_reproduced', 'params', 'optimizer_state',
                      'exception') and replays
             and not any(r['result'] == 'nonfinite' for r in replays)):
-        hints.append(
+        hints.append((None,
             'No sample fails on its own: the failure depends on the batch as '
-            'a whole (batch statistics, padding, cross-image assignment).')
+            'a whole (batch statistics, padding, cross-image assignment).'))
     if kind == 'not_reproduced':
-        hints.append(
+        hints.append((None,
             'The replay restores the batch, weights and RNG but not GPU '
             'non-determinism, other ranks or state changed by other hooks; '
-            'keep the bundle and replay it on the same kind of machine.')
+            'keep the bundle and replay it on the same kind of machine.'))
     return hints
 
 
 def _divergence_hints(report):
     d = report.divergence or {}
     lr = d.get('lr')
-    hints = [
+    hints = [(FixKind.LOWER_LR,
         'The {} blew up from iter {} on{}: lower the learning rate{} or '
         'lengthen the warmup (`param_scheduler` LinearLR with a larger '
         '`end`, e.g. 1000 iterations).'.format(
@@ -195,28 +217,28 @@ def _divergence_hints(report):
             ' (lr {} there)'.format(format_value(lr)) if lr is not None
             else '',
             ' (e.g. optim_wrapper.optimizer.lr={})'.format(
-                format_value(lr / 10.0)) if lr else '')]
+                format_value(lr / 10.0)) if lr else ''))]
     clip = d.get('clip_max_norm')
     if clip:
-        hints.append(
+        hints.append((None,
             'Clip the gradient norm: `optim_wrapper.clip_grad=dict('
             'max_norm={}, norm_type=2)` (twice the median gradient norm of '
-            'the iterations before).'.format(format_value(clip)))
+            'the iterations before).'.format(format_value(clip))))
     grown = d.get('grown') or []
     if grown:
         weights = d.get('series') == 'weights'
-        hints.append('The {} that grew most since {}: {}.'.format(
+        hints.append((None, 'The {} that grew most since {}: {}.'.format(
             'weights' if weights else 'parameter norms',
             'training started' if weights else 'the last good state',
             ', '.join('{} ({} -> {})'.format(g['name'],
                                              format_value(g['before']),
                                              format_value(g['after']))
-                      for g in grown)))
+                      for g in grown))))
     if d.get('amp'):
-        hints.append('Under AMP a diverging run also drives the loss scale '
-                     'down: keep `loss_scale=\'dynamic\'` and check '
-                     '`train/loss_scale`.')
-    hints.append("`NanDetectHook(policy='rewind', spike_policy='rewind')` "
-                 'goes back to the last good snapshot automatically and '
-                 'lowers the LR for a while.')
+        hints.append((None, 'Under AMP a diverging run also drives the loss '
+                      "scale down: keep `loss_scale='dynamic'` and check "
+                      '`train/loss_scale`.'))
+    hints.append((None, "`NanDetectHook(policy='rewind', "
+                  "spike_policy='rewind')` goes back to the last good "
+                  'snapshot automatically and lowers the LR for a while.'))
     return hints

@@ -10,7 +10,8 @@ import html
 import linecache
 
 from .._format import format_value
-from ._summary import divergence_words
+from ._summary import divergence_words, rise_words
+from ._text import verified_hints
 
 _STYLE = '''
 body { font: 14px/1.45 -apple-system, "Segoe UI", Helvetica, Arial,
@@ -31,6 +32,10 @@ figure { margin: 1em 0; }
 figcaption { color: #555; font-size: .9em; }
 img { max-width: 100%; border: 1px solid #ddd; }
 .bad { color: #b00020; }
+.verified, .refuted, .untested { display: inline-block; border-radius: 4px;
+        padding: 0 6px; font-size: .85em; color: #fff; }
+.verified { background: #1b7f3b; } .refuted { background: #b00020; }
+.untested { background: #777; }
 '''
 
 
@@ -127,6 +132,7 @@ def _divergence(report):
             ('series', name),
             ('value', format_value(d.get('value'))),
             ('factor', '{}x {}'.format(format_value(d.get('factor')), over)),
+            ('rise', rise_words(d) or ''),
             ('lr there', format_value(d.get('lr'))),
             ('spikes before the trigger', d.get('spikes'))]
     grown = ''.join('<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>'
@@ -140,6 +146,38 @@ def _divergence(report):
                  'parameter</th><th>before</th><th>now</th></tr>{}</table>'
                  .format(grown))
     return '<h2>Divergence</h2><table>{}</table>{}'.format(table, grown)
+
+
+def _hints(report):
+    if not report.hints:
+        return ''
+    verified = verified_hints(report)
+    return '<h2>Hints</h2><ul>{}</ul>'.format(''.join(
+        '<li>{}{}</li>'.format(
+            '<span class="verified">verified</span> ' if i in verified
+            else '', _e(h)) for i, h in enumerate(report.hints)))
+
+
+def _fixes(report):
+    """Each fix, marked verified (finite with it), refuted or untested."""
+    if not report.fixes:
+        return ''
+    rows = []
+    for fix in report.fixes:
+        if fix.kind == 'none':
+            rows.append('<tr><td><span class="untested">none</span></td>'
+                        '<td colspan="3">no fix can be applied mechanically: '
+                        '{}</td></tr>'.format(_e(fix.detail)))
+            continue
+        rows.append('<tr><td><span class="{0}">{0}</span></td><td>{1}</td>'
+                    '<td>{2}</td><td>{3}</td></tr>'.format(
+                        fix.status, _e(fix.fix),
+                        _e(format_value(fix.loss)) if fix.loss is not None
+                        else '', _e(fix.detail)))
+    return ('<h2>Fixes, replayed</h2><p>The failing iteration replayed from '
+            'the same weights, batch and RNG state with each fix.</p><table>'
+            '<tr><th>result</th><th>fix</th><th>loss</th><th>how</th></tr>'
+            '{}</table>'.format(''.join(rows)))
 
 
 def render_html(report, manifest, pictures=(), history_png=None):
@@ -167,9 +205,8 @@ def render_html(report, manifest, pictures=(), history_png=None):
             _e(manifest.get('world_size')), _e(manifest.get('epoch'))),
         '<p class="summary" id="summary">{}</p>'.format(_e(report.summary)),
     ]
-    if report.hints:
-        parts.append('<h2>Hints</h2><ul>{}</ul>'.format(''.join(
-            '<li>{}</li>'.format(_e(h)) for h in report.hints)))
+    parts.append(_hints(report))
+    parts.append(_fixes(report))
     if report.location or report.module is not None:
         parts.append('<h2>Where</h2>' + _where(report))
     parts.append(_divergence(report))

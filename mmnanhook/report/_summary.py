@@ -166,6 +166,23 @@ def divergence_words(divergence):
     return _SERIES.get(series, series), 'its median {}'.format(median)
 
 
+def rise_words(divergence):
+    """The rise itself, e.g. ``'loss 1.81 -> 5.6 -> 7.8e+06 -> nan at
+    iterations 0-3, lr 20'``, or ``None`` when the record has none."""
+    rise = divergence.get('rise') or {}
+    values = rise.get('values') or []
+    shown = [v for v in values if v is not None]
+    if not shown:
+        return None
+    text = '{} {} at iterations {}-{}'.format(
+        _SERIES.get(rise.get('series'), rise.get('series')),
+        ' -> '.join('...' if v is None else format_value(v[1])
+                    for v in values), shown[0][0], shown[-1][0])
+    if divergence.get('lr') is not None:
+        text += ', lr {}'.format(format_value(divergence['lr']))
+    return text
+
+
 def _divergence_summary(report):
     d = report.divergence or {}
     name, over = divergence_words(d)

@@ -1,7 +1,33 @@
 """A report as text (``report.txt`` and the log)."""
 from .._format import format_value
 from ..records import Report
-from ._summary import _names, divergence_words
+from ._summary import _names, divergence_words, rise_words
+
+# How each status of a fix is said.
+_STATUS = {'verified': 'finite with it', 'refuted': 'refuted',
+           'untested': 'not verified'}
+
+
+def fix_line(fix):
+    """One line saying a fix and what replaying with it gave.
+
+    Args:
+        fix (Fix): The fix.
+    """
+    if fix.kind == 'none':
+        return 'no fix can be applied mechanically: {}'.format(fix.detail)
+    parts = [fix.detail] if fix.detail else []
+    if fix.loss is not None:
+        parts.insert(0, 'loss {}'.format(format_value(fix.loss)))
+    return '{}: {}{}'.format(_STATUS[fix.status], fix.fix,
+                             ' ({})'.format('; '.join(parts)) if parts else '')
+
+
+def verified_hints(report):
+    """Indices of the hints a replayed fix verified."""
+    return set(f.hint for f in report.fixes
+               if f.status == 'verified' and f.hint is not None)
+
 
 def _sample_line(sample):
     return '  [{}] {}: {}'.format(
@@ -29,9 +55,11 @@ def format_report(report):
     divergence = report.divergence
     if divergence:
         name, over = divergence_words(divergence)
-        lines.append('divergence: from iter {} ({} {}x {})'.format(
+        rise = rise_words(divergence)
+        lines.append('divergence: from iter {} ({} {}x {}){}'.format(
             divergence.get('began_at'), name,
-            format_value(divergence.get('factor')), over))
+            format_value(divergence.get('factor')), over,
+            ': ' + rise if rise else ''))
     for key in ('module', 'op', 'location'):
         if getattr(report, key) is not None:
             lines.append('{}: {}'.format(key, getattr(report, key)))
@@ -71,7 +99,13 @@ def format_report(report):
                                for r in report.sample_replays))
     if report.hints:
         lines.append('hints:')
-        lines.extend('  - ' + hint for hint in report.hints)
+        verified = verified_hints(report)
+        lines.extend('  - ' + hint + (' [verified]' if i in verified else '')
+                     for i, hint in enumerate(report.hints))
+    if report.fixes:
+        lines.append('verified (the failing iteration replayed with each '
+                     'fix):')
+        lines.extend('  - ' + fix_line(fix) for fix in report.fixes)
     if report.notes:
         lines.append('notes:')
         lines.extend('  - ' + note for note in report.notes)

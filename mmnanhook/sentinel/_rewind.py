@@ -10,6 +10,7 @@ run on as if nothing happened.
 """
 import collections
 import copy
+import logging
 
 import torch
 
@@ -127,13 +128,20 @@ def _scaler_state(wrapper):
 class Rewinder(object):
     """``policy='rewind'``: when to save, going back, the LR cooldown.
 
+    The steps after a rewind, at the lowered LR, are the test of that fix:
+    the log says whether the cooldown's steps stayed clean (verified) or a
+    new rewind came first (refuted).
+
     Args:
         options (RewindOptions): Snapshot interval and device, how many,
             the LR factor, the cooldown, the consecutive-rewind limit.
+        log (callable, optional): ``(level, message)``: where the outcome of
+            each rewind goes.
     """
 
-    def __init__(self, options):
+    def __init__(self, options, log=None):
         self.options = options
+        self.log = log or (lambda level, message: None)
         self.store = SnapshotStore(options.snapshot_interval,
                                    options.max_snapshots,
                                    options.snapshot_device)
@@ -158,6 +166,11 @@ class Rewinder(object):
         if self.cooldown_left:
             self.cooldown_left -= 1
             if not self.cooldown_left:
+                self.log(logging.INFO, (
+                    'mmnanhook: verified: the LR x %g after the last rewind '
+                    'held for %d clean update steps (up to iter %d); back '
+                    'to the scheduled LR' % (self.factor,
+                                             self.options.cooldown, iter)))
                 # Cooled down: the scheduled LR again, a fresh budget.
                 self.consecutive = 0
                 self.factor = 1.0
@@ -184,6 +197,11 @@ class Rewinder(object):
                           '(max_rewinds=%d)' % (
                               self.consecutive, self.options.cooldown,
                               self.options.max_rewinds))
+        if self.cooldown_left:
+            self.log(logging.WARNING, (
+                'mmnanhook: refuted: the LR x %g after the last rewind did '
+                'not hold (%d of its %d update steps left); going back again'
+                % (self.factor, self.cooldown_left, self.options.cooldown)))
         self.store.restore(snapshot, model, wrappers)
         self.store.drop_after(snapshot.iter + 1)
         self.consecutive += 1

@@ -306,6 +306,14 @@ def assert_zero_height_sample_named(box_type=None):
     assert 'img_1.jpg' in report['summary']
     assert 'zero height' in report['summary']
     assert any('FilterAnnotations' in hint for hint in report['hints'])
+    # Proven advice: the batch without sample 1 is finite; the pipeline
+    # fixes need the run's train pipeline, which a bare diagnosis lacks.
+    fixes = dict((f['kind'], f) for f in report['fixes'])
+    assert fixes['drop_samples']['status'] == 'verified'
+    assert fixes['drop_samples']['samples'] == [1]
+    assert math.isfinite(fixes['drop_samples']['loss'])
+    assert fixes['filter']['status'] == 'untested'
+    assert 'the train pipeline is unknown' in fixes['filter']['detail']
     return report
 
 
@@ -320,6 +328,32 @@ def test_finite_replay_is_not_reproduced():
     assert report['module'] is None and report['op'] is None
     assert report['samples'] == []
     assert all(math.isfinite(v) for v in report['losses'].values())
+    # Tried once more, finite again; nothing to verify a fix against.
+    assert report['replays_agree'] is True
+    assert [(f['kind'], f['status']) for f in report['fixes']] == [
+        ('none', 'untested')]
+    assert 'no failure to replay a fix against' in report['fixes'][0][
+        'detail']
+
+
+class _Flaky(_Toy):
+    """Non-finite on every second forward: a fault that comes and goes."""
+
+    calls = 0
+
+    def forward(self, inputs, data_samples=None, mode='loss'):
+        self.calls += 1
+        losses = super(_Flaky, self).forward(inputs, data_samples, mode)
+        if self.calls % 2 == 0:
+            losses['loss_toy'] = losses['loss_toy'] * float('nan')
+        return losses
+
+
+def test_a_fault_that_comes_and_goes_is_told_by_a_second_replay():
+    report = _check_report(diagnose(_Flaky(), _batch()))
+    assert report['kind'] == 'not_reproduced'
+    assert report['replays_agree'] is False
+    assert any('comes and goes' in note for note in report['notes'])
 
 
 class _Interrupt(BaseException):
@@ -431,6 +465,10 @@ def test_fp16_range_overflow_vs_float32():
     assert report['module'] == 'big'
     assert report['overflow']['max_abs'] > 65504
     assert any('float32' in hint for hint in report['hints'])
+    (fix, ) = report['fixes']
+    assert fix['kind'] == 'fp32' and fix['status'] == 'verified'
+    assert math.isfinite(fix['loss']) and fix['hint'] is not None
+    assert 'float32' in report['hints'][fix['hint']]
     # Without AMP the same model is fine.
     assert diagnose(_Amplifier(), _batch()).kind == 'not_reproduced'
 

@@ -11,6 +11,7 @@ the box coder takes ``log(0)``), a collinear DOTA polygon, or an LR blow-up
 without warmup.
 """
 import copy
+import functools
 import glob
 import math
 import os
@@ -23,8 +24,12 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from mmnanhook import NanDetectHook, NonFiniteError, compat
+from mmnanhook.bundle import load_bundle
+from mmnanhook.cli._replay import build_model, config_from_text
+from mmnanhook.diagnosis import declared_sizes, diagnose
 from mmnanhook.quarantine import read_quarantine
-from mmnanhook.testing import zoo
+from mmnanhook.sentinel import restore_rng
+from mmnanhook.testing import cli, zoo
 
 # name -> ('data', {image index: defect}) or ('lr', the LR of the blow-up).
 FAULTS = {
@@ -217,6 +222,56 @@ def test_real_fault_is_caught_before_it_reaches_the_weights(tmp_path, name):
         assert ('the annotation declares the image 640x320 (width x height) '
                 'but the file is 320x320') in error.report['summary']
         assert 'has zero width' in error.report['summary']
+    if kind == 'data':
+        _assert_fixes_proven(name, error)
+
+
+# The fixes each planted data fault's replays must prove: the batch without
+# the sample, the hinted box filter in the zoo's own pipeline, and (for an
+# annotation declaring the wrong size) the file's real size declared.
+PROVEN = {'size_mismatch': ('drop_samples', 'filter', 'declared_size'),
+          'collinear': ('drop_samples', 'filter')}
+
+
+def _assert_fixes_proven(name, error):
+    fixes = dict((f['kind'], f) for f in error.report['fixes'])
+    for kind in set(k for fault in fault_kinds(name) for k in PROVEN[fault]):
+        assert fixes[kind]['status'] == 'verified', fixes[kind]
+        assert math.isfinite(fixes[kind]['loss'])
+    assert fixes['filter']['fix'].startswith('add `dict(type={!r}'.format(
+        'mmdet.FilterAnnotations' if zoo.ZOO[name].package == 'mmrotate'
+        else 'FilterAnnotations'))
+    # The verified fix is in the error's message, in one line.
+    assert 'verified fix: ' in str(error)
+    if name == 'retinanet_r50':
+        _assert_replayed_alike_and_refuted(error)
+
+
+def _assert_replayed_alike_and_refuted(error):
+    # A fresh process replays the bundle (its copy of the bad image, the
+    # zoo pipeline rebuilt from its config) to the same fixes and outcomes.
+    code, replayed = cli.replay_json(error.bundle)
+    assert code == 0
+    assert [(f['kind'], f['fix'], f['status']) for f in replayed['fixes']] \
+        == [(f['kind'], f['fix'], f['status'])
+            for f in error.report['fixes']]
+    # A fix that cannot help is refuted: with a NaN planted in a weight,
+    # the batch without the bad sample is still non-finite.
+    bundle = load_bundle(error.bundle)
+    cfg = config_from_text(bundle.text('config.py'))
+    model = build_model(cfg)
+    model.load_state_dict(bundle.load('model'))
+    with torch.no_grad():
+        next(model.parameters()).view(-1)[0] = float('nan')
+    report = diagnose(
+        model, bundle.load('data_batch'),
+        restore_rng=functools.partial(restore_rng, bundle.load('rng')),
+        declared=declared_sizes(bundle.manifest['annotations']))
+    assert report.kind == 'params'
+    (drop, ) = [f for f in report.fixes if f.kind == 'drop_samples']
+    assert drop.status == 'refuted' and drop.samples == [
+        s.index for s in report.samples] and drop.samples
+    assert 'policy' not in drop.fix  # 'drop' would not drop there
 
 
 @pytest.mark.parametrize('name', NAMES)
