@@ -3,6 +3,8 @@
 * :mod:`._check`: :class:`StepCheck`, the decision of one update step on
   plain torch.
 * :mod:`._norms`: gradient norms computed once; clipping that reuses them.
+* :mod:`._shards`: which gradients are FSDP shards, so that the norm is the
+  global one.
 * :mod:`._wrapper`: the MMEngine adapter bound onto an ``OptimWrapper``
   instance, the registered ``NanDetect*OptimWrapper`` classes,
   :func:`install_nan_detect`.
