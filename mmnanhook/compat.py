@@ -210,7 +210,9 @@ def torch_load_allowlisted(path, find, built=(), map_location='cpu'):
     allowed = []
     for full in torch.serialization.get_unsafe_globals_in_checkpoint(path):
         module, _, name = full.rpartition('.')
-        obj = find(module, name)
+        obj = _torch_global(module, name)
+        if obj is None:
+            obj = find(module, name)
         if obj is None:
             raise ForeignObjectError(full)
         # Under the name the file uses, which may be an alias (numpy.core).

@@ -13,19 +13,22 @@ import torch
 
 from ._layout import DATA_BATCH, MODEL, OPTIMIZER, RNG
 
-# The one allowlist, module -> names: what a batch of the supported
-# codebases pickles besides tensors and plain containers (mmengine's data
-# elements; mmdet's data sample, boxes and masks; mmrotate's boxes; numpy's
-# arrays and scalars in metainfo). Torch's own types are the loader's.
+# The one allowlist, module -> names: what the batches of the tiny and zoo
+# configs pickle besides tensors and plain containers (mmengine's data
+# elements; mmdet's data sample, boxes and masks; mmrotate's boxes; mmseg's
+# data sample), and numpy's arrays (an RNG state, masks, metainfo). Torch's
+# own types are the loader's.
 _ALLOWED = {
     'mmengine.structures.base_data_element': ('BaseDataElement', ),
     'mmengine.structures.instance_data': ('InstanceData', ),
+    'mmengine.structures.pixel_data': ('PixelData', ),
     'mmdet.structures.det_data_sample': ('DetDataSample', ),
     'mmdet.structures.bbox.horizontal_boxes': ('HorizontalBoxes', ),
     'mmdet.structures.mask.structures': ('BitmapMasks', ),
     'mmrotate.structures.bbox.rotated_boxes': ('RotatedBoxes', ),
+    'mmseg.structures.seg_data_sample': ('SegDataSample', ),
     'numpy': ('ndarray', 'dtype'),
-    'numpy.core.multiarray': ('_reconstruct', 'scalar'),
+    'numpy.core.multiarray': ('_reconstruct', ),
 }
 
 # numpy >= 1.20 makes each dtype an instance of a class of its own (e.g.

@@ -55,6 +55,7 @@ def test_batch_of_a_tiny_config_loads(tmp_path, config):
 @pytest.mark.parametrize('name', [
     pytest.param('mask_rcnn_r50', marks=pytest.mark.mmdet),
     pytest.param('oriented_rcnn', marks=pytest.mark.mmrotate),
+    pytest.param('segformer_b0_ade', marks=pytest.mark.mmseg),
 ])
 def test_batch_of_a_zoo_config_loads(tmp_path, name):
     data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'), num_images=2)
