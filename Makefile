@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # The slowest tests of each leg at the end of its log: where the time goes.
 PYTEST_ARGS ?= -ra --durations=15
 
-.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota lint demo demo-dota
+.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota test-mmengine lint demo demo-dota
 
 ## setup: both legs and the browser, at the same time.
 setup:
@@ -35,6 +35,11 @@ test-modern: setup-modern setup-browser
 
 test-dota: setup-dota
 	scripts/test_leg.sh dota $(PYTEST_ARGS)
+
+## test-mmengine: a core subset on older mmengine releases (0.7.1, 0.9.1), each
+## laid over both legs (scripts/test_mmengine.sh); .ci/run runs it after make test.
+test-mmengine: setup-modern setup-dota
+	scripts/test_mmengine.sh $(PYTEST_ARGS)
 
 ## demo: the main job, on the modern leg (mmdet).
 demo: setup-modern
