@@ -9,7 +9,8 @@
 # only keys no zoo config uses: `runner_type`, which tools/train.py of
 # mmdet / mmrotate / mmpretrain / mmseg honours, names a Runner that adds one
 # NanDetectHook; its options go in `nan_detect`. The dotted type imports
-# mmnanhook itself (mmengine >= 0.8), so no `custom_imports` is needed.
+# mmnanhook itself (mmengine imports `mmnanhook.registry` for the scope; tested
+# on mmengine 0.7.1, 0.9.1 and 0.10.7), so no `custom_imports` is needed.
 #
 # In a config of your own (not a `_base_` file), or with a script that calls
 # Runner.from_cfg itself, use the one-line form instead:
