@@ -92,19 +92,27 @@ def _batch_problem(batch):
 
 
 def _state_dict_problem(state):
+    # A module's get_extra_state() may save other things than tensors.
     if not isinstance(state, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor)
+            isinstance(k, str) and (isinstance(v, torch.Tensor)
+                                    or k.endswith('_extra_state'))
             for k, v in state.items()):
         return 'not a state dict (names to tensors)'
     return None
 
 
+def _is_optimizer_state(state):
+    return isinstance(state, dict) and {'state', 'param_groups'} <= set(state)
+
+
 def _optimizer_problem(state):
-    if not isinstance(state, dict) or not {'state', 'param_groups'} <= set(
-            state):
-        return ('not an optimizer state dict (a dict with state and '
-                'param_groups)')
-    return None
+    # An optim wrapper's state dict, or OptimWrapperDict's: one per name.
+    if _is_optimizer_state(state) or (
+            isinstance(state, dict) and state
+            and all(_is_optimizer_state(v) for v in state.values())):
+        return None
+    return ('not an optimizer state dict (a dict with state and '
+            'param_groups, or of such dicts by name)')
 
 
 _CHECKS = {

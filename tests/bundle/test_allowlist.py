@@ -83,3 +83,14 @@ def test_a_file_that_would_run_code_is_refused_unrun(tmp_path, stem):
     # What loads it where torch has no allowlist, said where it applies.
     assert (compat.ALLOWLIST_FALLBACK is None) == (
         compat.TORCH_VERSION >= compat.digit_version('2.6.0'))
+
+
+def test_the_state_of_several_optimizers_loads(tmp_path):
+    from mmengine.optim import OptimWrapper, OptimWrapperDict
+    model = torch.nn.Linear(2, 2)
+    wrappers = OptimWrapperDict(**dict(
+        (name, OptimWrapper(torch.optim.SGD([param], lr=0.1)))
+        for name, param in model.named_parameters()))
+    path = _bundle(tmp_path, {'optimizer': wrappers.state_dict()})
+    loaded = load_bundle(path, load=['optimizer']).load('optimizer')
+    assert sorted(loaded) == ['bias', 'weight']
