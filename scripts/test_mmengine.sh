@@ -83,22 +83,22 @@ overlay() {
 # run_leg LEG [pytest args]: every version in turn; a line per version into
 # $logs/mmengine-LEG.results ("LEG VERSION pass|FAIL SECONDS").
 run_leg() {
-    local leg=$1 version dir start rc log
+    local leg=$1 version dir start rc log cpu
     shift
     : >"$logs/mmengine-$leg.results"
     for version in "${versions[@]}"; do
         log=$logs/mmengine-$leg-$version.log
+        cpu=
         start=$(date +%s)
         if ! dir=$(overlay "$leg" "$version" 2>"$log"); then
             echo "[test-mmengine] ERROR: could not lay mmengine $version over $leg (see $log)" >>"$log"
-            echo "$leg $version FAIL $(( $(date +%s) - start ))" >>"$logs/mmengine-$leg.results"
+            echo "$leg $version FAIL $(( $(date +%s) - start )) -" >>"$logs/mmengine-$leg.results"
             continue
         fi
         leg_config "$leg"
         # The overlay's mmengine is the one imported, and mmdet accepts it.
-        # shellcheck disable=SC2046 - one node id a line
         PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}" \
-            "$venv/bin/python" - "$version" >>"$log" 2>&1 <<'PY' &&
+            "$venv/bin/python" - "$version" >>"$log" 2>&1 <<'PY'
 import sys
 import mmdet, mmengine, torch
 assert mmengine.__version__ == sys.argv[1], (mmengine.__file__, mmengine.__version__)
@@ -106,11 +106,18 @@ print('[test-mmengine] python %s, torch %s, mmengine %s (%s), mmdet %s' % (
     sys.version.split()[0], torch.__version__, mmengine.__version__,
     mmengine.__file__, mmdet.__version__))
 PY
-        PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}" \
-            MMNANHOOK_LEG_REQUIRES=$requires MMNANHOOK_TEST_THREADS=1 \
-            "$venv/bin/python" -m pytest -p no:cacheprovider "$@" $(subset "$leg") >>"$log" 2>&1
         rc=$?
-        echo "$leg $version $([ "$rc" -eq 0 ] && echo pass || echo "FAIL(exit=$rc)") $(( $(date +%s) - start ))" \
+        if [ "$rc" -eq 0 ]; then
+            # CPU seconds (user + sys, the test processes included): what
+            # the subset costs, whatever else the machine runs meanwhile.
+            # shellcheck disable=SC2046 - one node id a line
+            cpu=$( { TIMEFORMAT='%U %S'; time PYTHONPATH="$PWD/$dir${PYTHONPATH:+:$PYTHONPATH}" \
+                MMNANHOOK_LEG_REQUIRES=$requires MMNANHOOK_TEST_THREADS=1 \
+                "$venv/bin/python" -m pytest -p no:cacheprovider "$@" $(subset "$leg") >>"$log" 2>&1; } 2>&1 )
+            rc=$?
+            cpu=$(echo "$cpu" | awk '{printf "%d", $1 + $2}')
+        fi
+        echo "$leg $version $([ "$rc" -eq 0 ] && echo pass || echo "FAIL(exit=$rc)") $(( $(date +%s) - start )) ${cpu:--}" \
             >>"$logs/mmengine-$leg.results"
     done
 }
@@ -141,10 +148,10 @@ for leg in "${legs[@]}"; do
     done
 done
 echo
-printf '%-8s %-9s %-14s %s\n' leg mmengine result seconds
+printf '%-8s %-9s %-14s %-8s %s\n' leg mmengine result wall_s cpu_s
 passed=0
-while read -r leg version result seconds; do
-    printf '%-8s %-9s %-14s %s\n' "$leg" "$version" "$result" "$seconds"
+while read -r leg version result seconds cpu; do
+    printf '%-8s %-9s %-14s %-8s %s\n' "$leg" "$version" "$result" "$seconds" "$cpu"
     if [ "$result" = pass ]; then passed=$((passed + 1)); fi
 done < <(for leg in "${legs[@]}"; do cat "$logs/mmengine-$leg.results" 2>/dev/null; done)
 # A (leg, version) without a line never finished: a failure too.
