@@ -4,8 +4,11 @@
   manifest and the JSON files render what was recorded.
 * :mod:`._writer`: atomic writes, retention (``max_dumps``).
 * :mod:`._reader`: verified loading (:func:`load_bundle`).
+* :mod:`._content`: what the torch files may hold (the allowlist) and
+  whether they hold it.
 * :mod:`._plot`: ``history.png``.
 """
+from ._content import state_dict_mismatch
 from ._layout import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, FORMAT_VERSION,
                       HISTORY_JSON, HISTORY_PNG, MANIFEST, MODEL, OPTIMIZER,
                       REPORT, REPORT_HTML, REPORT_TEXT, RNG, TORCH_SUFFIX,
@@ -21,5 +24,6 @@ __all__ = [
     'HISTORY_JSON', 'HISTORY_PNG', 'MANIFEST', 'MODEL', 'OPTIMIZER', 'REPORT',
     'REPORT_HTML', 'REPORT_TEXT', 'RNG', 'TORCH_SUFFIX', 'amp_dtype_name',
     'bundle_name', 'load_bundle', 'plot_history', 'render_manifest',
-    'sample_image_name', 'sample_info_name', 'to_strict_json', 'versions', 'write_bundle'
+    'sample_image_name', 'sample_info_name', 'state_dict_mismatch',
+    'to_strict_json', 'versions', 'write_bundle'
 ]

@@ -123,6 +123,29 @@ _CHECKS = {
 }
 
 
+def _some(names, most=3):
+    names = sorted(names)
+    return ', '.join(names[:most]) + (', ...' if len(names) > most else '')
+
+
+def state_dict_mismatch(expected, state):
+    """Why ``state`` is not a state dict of the model whose own state dict
+    is ``expected`` (missing, unexpected or reshaped entries), or ``None``.
+    """
+    missing = set(expected) - set(state)
+    unexpected = set(state) - set(expected)
+    reshaped = [k for k in set(expected) & set(state)
+                if expected[k].shape != state[k].shape]
+    if not (missing or unexpected or reshaped):
+        return None
+    return 'not the state dict of the model its config.py builds: {}'.format(
+        '; '.join('{} {} ({})'.format(len(keys), what, _some(keys))
+                  for what, keys in (('missing', missing),
+                                     ('unexpected', unexpected),
+                                     ('of another shape', reshaped))
+                  if keys))
+
+
 def content_problem(stem, obj):
     """Why ``obj``, loaded from ``<stem>.pth``, is not what that file holds
     in a bundle, or ``None`` (also for a stem without a check)."""

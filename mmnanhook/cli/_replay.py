@@ -7,7 +7,7 @@ import os.path as osp
 import torch
 
 from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
-                      RNG, load_bundle)
+                      RNG, TORCH_SUFFIX, load_bundle, state_dict_mismatch)
 from ..diagnosis import (TrainPipeline, angle_range_from_config,
                          apply_divergence, declared_sizes, diagnose)
 from ..errors import BundleError
@@ -37,11 +37,18 @@ def build_model(cfg, device='cpu'):
 
 def _load_inputs(path, device):
     bundle = load_bundle(path, load=(DATA_BATCH, MODEL, RNG))
+    # Every .pth is refused or loaded before the config runs.
+    if bundle.has(OPTIMIZER):
+        bundle.load(OPTIMIZER)
     if device == 'cuda' and not torch.cuda.is_available():
         raise BundleError('--device cuda: no CUDA device on this machine')
     try:
         cfg = config_from_text(bundle.text(CONFIG_FILE))
         model = build_model(cfg, device)
+        problem = state_dict_mismatch(model.state_dict(), bundle.load(MODEL))
+        if problem is not None:
+            raise BundleError('{}: {}'.format(
+                osp.join(path, MODEL + TORCH_SUFFIX), problem))
         model.load_state_dict(bundle.load(MODEL))
     except BundleError:
         raise

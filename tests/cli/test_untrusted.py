@@ -66,12 +66,13 @@ def test_inspect_runs_nothing_of_a_hostile_bundle(toy_bundle, tmp_path,
 @pytest.mark.parametrize('stem', STEMS)
 def test_replay_refuses_a_torch_file_that_would_run_code(toy_bundle, tmp_path,
                                                          stem):
-    bundle, markers = _hostile_copy(toy_bundle, tmp_path, (stem, ))
+    bundle, markers = _hostile_copy(toy_bundle, tmp_path, (stem, 'config'))
     result = mmnan('replay', bundle)
     assert_bad_input(result, 'replay', 'refused {}: it names builtins.exec'
                      .format(osp.join(bundle, stem + '.pth')))
     assert 'nothing of it was run' in result.stderr
-    assert not osp.exists(markers[stem])
+    # Refused before the config (which replay executes) ran.
+    assert not [m for m in markers.values() if osp.exists(m)]
 
 
 def _rng_of_the_wrong_size(bundle):
@@ -106,12 +107,14 @@ def test_replay_of_a_file_with_the_wrong_content_exits_2(toy_bundle, tmp_path,
 
 def test_replay_of_the_state_dict_of_another_model_exits_2(toy_bundle,
                                                            tmp_path):
+    # The toy's own: fc.weight (1x4) and fc.bias.
     bundle = copy_bundle(toy_bundle, tmp_path)
     replace_listed_file(bundle, 'model.pth', _torch_bytes(
-        torch.nn.Conv2d(3, 8, 3).state_dict()))
-    assert_bad_input(mmnan('replay', bundle), 'replay',
-                     'Error(s) in loading state_dict for '
-                     'RandomSubsetRegressor')
+        {'fc.weight': torch.zeros(2, 4), 'bias': torch.zeros(2)}))
+    assert_bad_input(mmnan('replay', bundle), 'replay', (
+        '{}: not the state dict of the model its config.py builds: 1 missing '
+        '(fc.bias); 1 unexpected (bias); 1 of another shape (fc.weight)'
+    ).format(osp.join(bundle, 'model.pth')))
 
 
 def test_replay_says_how_it_loads_where_torch_cannot_allowlist(toy_bundle):
