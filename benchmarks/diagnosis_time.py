@@ -33,6 +33,7 @@ Usage::
     OMP_NUM_THREADS=1 python benchmarks/diagnosis_time.py --threads 1
     python benchmarks/diagnosis_time.py --models rotated_retinanet
     python benchmarks/diagnosis_time.py --models zoo_retinanet_r50 --policy drop
+    python benchmarks/diagnosis_time.py --models zoo_retinanet_r50_size
 """
 import argparse
 import datetime
@@ -61,6 +62,12 @@ MODELS = [
     # makes it), not a planted file.
     ('zoo_retinanet_r50', 'zoo RetinaNet R50-FPN 1x, 320 px (COCO, '
      'zero-width box)', 'zero_width', ('mmdet', ), 'zoo:retinanet_r50', None),
+    # A real file defect (the annotation declares twice the image's width),
+    # so that the fixes that run the sample through the pipeline again have
+    # a sample to run: the loader is unshuffled to put it in the last batch.
+    ('zoo_retinanet_r50_size', 'zoo RetinaNet R50-FPN 1x, 320 px (COCO, '
+     'declared twice as wide)', 'size_mismatch', ('mmdet', ),
+     'zoo:retinanet_r50', None),
 ]
 
 
@@ -99,21 +106,30 @@ def _loader_order(cfg):
             for i in range(len(dataset))]
 
 
-def _zoo_runner(name, clean_iters, work_dir, policy='raise'):
+def _zoo_runner(name, clean_iters, work_dir, policy='raise',
+                defect='zero_width'):
     """A Runner of the shipped config ``name`` whose batch ``clean_iters``
-    gets a zero-width GT box."""
+    gets a zero-width GT box, or (``defect='size_mismatch'``) holds an image
+    whose annotation declares twice its width."""
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
 
     from mmnanhook.testing import zoo
-    data = zoo.make_zoo_dataset(name, osp.join(work_dir, 'data'),
-                                num_images=2 * (clean_iters + 1))
+    planted = defect == 'size_mismatch'
+    data = zoo.make_zoo_dataset(
+        name, osp.join(work_dir, 'data'), num_images=2 * (clean_iters + 1),
+        defects={2 * clean_iters: defect} if planted else None)
     cfg = zoo.child_config(name, data, osp.join(work_dir, 'run'), length=1,
                            hook='line', hook_options=dict(
                                policy=policy,
                                dump_dir=osp.join(work_dir, 'dumps')))
     cfg.log_level = 'WARNING'
     cfg.default_hooks.checkpoint = None
+    if planted:
+        # Batches in file order: the planted image comes last.
+        cfg.train_dataloader.sampler.shuffle = False
+        runner = Runner.from_cfg(cfg)
+        return runner
 
     class ZeroWidth(Hook):
         priority = 'VERY_HIGH'
@@ -136,7 +152,8 @@ def _run(name, overrides, defect, clean_iters, warmup, work_dir,
 
     from mmnanhook.testing import testbed
     if name.startswith('zoo:'):
-        return _measure(_zoo_runner(name[4:], clean_iters, work_dir, policy),
+        return _measure(_zoo_runner(name[4:], clean_iters, work_dir, policy,
+                                    defect),
                         clean_iters, warmup, osp.join(work_dir, 'dumps'))
     overrides = getattr(testbed, overrides) if overrides else {}
     batch = 2

@@ -2,8 +2,8 @@
 
 Tier 1 builds a :class:`NonFiniteEvent` per trigger; tier 2 replays
 (:class:`ReplayResult`), checks the batch (:class:`SampleFinding` with its
-:class:`DataProblem` s) and writes a :class:`Report`, which the bundle
-renders as ``report.json``. Enum members are ``str`` subclasses, so they compare equal to, and
+:class:`DataProblem` s), replays each fix (:class:`Fix`) and writes a
+:class:`Report`, which the bundle renders as ``report.json``. Enum members are ``str`` subclasses, so they compare equal to, and
 serialize as, their value (``Trigger.LOSS == 'loss'``).
 """
 import enum

@@ -110,7 +110,8 @@ def replay_bundle(path, device='cpu', fp32=False):
         optimizer_state=bundle.load(OPTIMIZER)
         if bundle.has(OPTIMIZER) else None,
         declared=declared_sizes(bundle.manifest.get('annotations')),
-        pipeline=_pipeline(cfg), sources=_sources(bundle))
+        pipeline=_pipeline(cfg), sources=_sources(bundle),
+        retry=bundle.manifest.get('trigger') != 'spike')
     # What the run knew of a divergence before the trigger, again.
     if apply_divergence(report, bundle.manifest.get('divergence'),
                         bundle.manifest.get('rewind')):

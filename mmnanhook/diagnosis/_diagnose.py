@@ -135,7 +135,7 @@ def _implicated_samples(session, report, main, check_samples, log):
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
              logger=None, anomaly=True, declared=None, pipeline=None,
-             sources=None):
+             sources=None, retry=True):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -167,6 +167,8 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             the fixes that run a sample through it again.
         sources (dict, optional): Batch position -> that sample's data info
             as the dataset gives it (its ``img_path`` readable here).
+        retry (bool): Replay a finite replay once more (not for a finite
+            spike, which no replay turns non-finite).
 
     Returns:
         dict: The report (see :func:`mmnanhook.report.new_report`), with
@@ -229,7 +231,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
                 by_index.get(i, SampleFinding(i))
                 for i in _implicated_samples(session, report, main,
                                              check_samples, log)]
-        elif main.error is None:
+        elif main.error is None and retry:
             _replay_again(session, report, log)
         report.kind = classify(report, main)
         fill_location(report, main, watch)

@@ -10,6 +10,8 @@ can be concluded and the fix stays untested, saying why.
 """
 import os.path as osp
 
+import torch
+
 from .._batch import batch_size, replace_samples, split_batch
 from .._format import format_value
 from ..records import Fix, FixKind, ProblemCategory
@@ -53,6 +55,7 @@ class _Resampler(object):
         self.sources = sources or {}
         self.angle_range = angle_range
         self._control = {}
+        self._replays = []
 
     def why_not(self, index):
         """Why sample ``index`` cannot go through the pipeline, or None."""
@@ -84,6 +87,49 @@ class _Resampler(object):
     def run(self, index, info=None, with_filter=False):
         return self.pipeline.run(info or self.sources[index], with_filter)
 
+    def replay(self, kind, text, session, packed, samples, how):
+        """Replay the batch with ``packed`` in place of its samples; a
+        batch an earlier fix already made is not replayed again (the same
+        batch from the same state gives the same result)."""
+        for earlier, fix in self._replays:
+            if _same_packed(earlier, packed):
+                return Fix(kind, text, fix.finite, fix.loss,
+                           '{}; with it the pipeline makes the very batch '
+                           'of the fix "{}": the same replay'.format(
+                               how, fix.fix), samples)
+        fix = _replayed(kind, text, session,
+                        replace_samples(session.data_batch, packed), samples,
+                        how)
+        self._replays.append((packed, fix))
+        return fix
+
+
+def _same_packed(a, b):
+    """Whether two ``{position: packed sample | None}`` are the same."""
+    if sorted(a) != sorted(b):
+        return False
+    return all(_sample_key(a[i]) == _sample_key(b[i]) for i in a)
+
+
+def _sample_key(packed):
+    # What a replay reads of a packed sample, as comparable plain values.
+    if packed is None:
+        return None
+    sample = packed['data_samples']
+    gt = getattr(sample, 'gt_instances', None)
+    boxes = getattr(gt, 'bboxes', None)
+    boxes = getattr(boxes, 'tensor', boxes)
+    labels = getattr(gt, 'labels', None)
+    return (_values(packed['inputs']), _values(boxes), _values(labels),
+            repr(sorted((k, repr(v)) for k, v in sample.metainfo.items())))
+
+
+def _values(tensor):
+    if not isinstance(tensor, torch.Tensor):
+        return repr(tensor)
+    return (tuple(tensor.shape), str(tensor.dtype),
+            tensor.detach().cpu().contiguous().numpy().tobytes())
+
 
 def _pipeline_fix(kind, text, findings, session, resampler, make):
     """A fix applied by the pipeline to each of ``findings``' samples, then
@@ -101,8 +147,8 @@ def _pipeline_fix(kind, text, findings, session, resampler, make):
         if why is not None:
             return Fix(kind, text, None, None, 'not replayed: ' + why,
                        samples)
-    batch = replace_samples(session.data_batch, packed)
-    if not batch_size(batch):
+    if len(packed) == batch_size(session.data_batch) and not any(
+            packed.values()):
         return Fix(kind, text, None, None, 'not replayed: with it the '
                    'pipeline drops every sample of the batch', samples)
     dropped = [i for i, p in sorted(packed.items()) if p is None]
@@ -112,7 +158,7 @@ def _pipeline_fix(kind, text, findings, session, resampler, make):
         how += ('; it leaves no box in sample(s) {}, which the pipeline then '
                 'drops (the dataset draws another)'.format(
                     ', '.join(str(i) for i in dropped)))
-    return _replayed(kind, text, session, batch, samples, how)
+    return resampler.replay(kind, text, session, packed, samples, how)
 
 
 def _filter_fix(findings, session, resampler):
@@ -296,8 +342,9 @@ def verify_fixes(report, session, pipeline=None, sources=None,
     fixes = []
     if fp32 is not None:
         fixes.append(fp32_fix(report, fp32))
+    # Not for an AMP overflow: the samples only exceed the dtype's range.
     drop = _drop_fix(report, session) if report.kind not in (
-        'not_reproduced', 'exception') else None
+        'not_reproduced', 'exception', 'overflow') else None
     if drop is not None:
         fixes.append(drop)
     if report.kind == 'data':

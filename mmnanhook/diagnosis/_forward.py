@@ -24,8 +24,8 @@ import torch
 from ._backward import _is_accumulate_grad
 from ._frames import (_is_traced_file, _stack_frames, is_user_file,
                       node_traceback, parse_frames, user_location)
-from ._tensors import (_grad_fn_name, _is_float, count_nonfinite,
-                       first_nonfinite, iter_tensors, max_abs)
+from ._tensors import (FiniteMemo, _grad_fn_name, _is_float,
+                       count_nonfinite, iter_tensors, max_abs)
 
 def _patch_forward(module, make_wrapper):
     """Replace ``module.forward`` by ``make_wrapper(forward)``.
@@ -112,6 +112,7 @@ class ForwardWatch(_Patches):
         self.over_range = None
         self.failed = None
         self.finite_calls = set()
+        self._finite = FiniteMemo()
         self._calls = Counter()
         self._owner = {}
 
@@ -160,7 +161,7 @@ class ForwardWatch(_Patches):
         self._calls[name] += 1
         inputs = list(iter_tensors((args, kwargs)))
         look_nonfinite = (self.producer is None
-                          and first_nonfinite(inputs) is None)
+                          and self._finite.first_nonfinite(inputs) is None)
         look_range = (self.range_limit is not None
                       and self.over_range is None
                       and max_abs(inputs) <= self.range_limit)
@@ -180,7 +181,7 @@ class ForwardWatch(_Patches):
         outputs = list(iter_tensors(output))
         # Children ran inside this call and may have found one first.
         if look_nonfinite and self.producer is None:
-            bad = first_nonfinite(outputs)
+            bad = self._finite.first_nonfinite(outputs)
             if bad is not None:
                 self.producer = dict(module=name, call=call,
                                      op=_grad_fn_name(bad),

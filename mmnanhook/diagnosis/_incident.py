@@ -16,7 +16,7 @@ from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       REPORT_TEXT, RNG, bundle_name, render_manifest,
                       sample_image_name, sample_info_name, to_strict_json,
                       write_bundle)
-from ..records import Report
+from ..records import Report, Trigger
 from ..report import finalize, format_report, render_html, sample_pictures
 
 from ..sentinel import restore_rng
@@ -137,7 +137,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 angle_range=angle_range_from_config(runner.cfg),
                 optimizer_state=optim_state, anomaly=anomaly,
                 declared=declared, pipeline=_pipeline(runner.cfg),
-                sources=infos)
+                sources=infos, retry=event.trigger != Trigger.SPIKE)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logging.ERROR)

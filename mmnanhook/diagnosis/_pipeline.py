@@ -36,12 +36,20 @@ def _seeded(seed):
 
 
 def _innermost_dataset(cfg_dataset):
-    # RepeatDataset, ClassBalancedDataset, MultiImageMixDataset ... wrap the
-    # dataset that loads the files; its pipeline loads and packs a sample.
+    """The config of the dataset that loads the files (its pipeline loads
+    and packs a sample), inside RepeatDataset, ClassBalancedDataset,
+    MultiImageMixDataset ...; for a ConcatDataset, its datasets' one when
+    they share type and pipeline (VOC2007 + VOC2012), else ``None``."""
     dataset = cfg_dataset
     while isinstance(dataset, dict) and isinstance(dataset.get('dataset'),
                                                    dict):
         dataset = dataset['dataset']
+    members = dataset.get('datasets') if isinstance(dataset, dict) else None
+    if isinstance(members, (list, tuple)) and members:
+        inner = [_innermost_dataset(member) for member in members]
+        shared = set(repr((d.get('type'), d.get('pipeline')))
+                     if isinstance(d, dict) else None for d in inner)
+        return inner[0] if len(shared) == 1 else None
     return dataset
 
 

@@ -189,7 +189,10 @@ def _divergence_summary(report):
     text = 'training diverged from iter {}: the {} reached {}, {}x {}'.format(
         d.get('began_at'), name, format_value(d.get('value')),
         format_value(d.get('factor')), over)
-    if d.get('lr') is not None:
+    rise = rise_words(d)
+    if rise:
+        text += ': ' + rise
+    elif d.get('lr') is not None:
         text += ' (lr {})'.format(format_value(d['lr']))
     if d.get('spikes'):
         text += '; {} spike(s) before the trigger'.format(d['spikes'])

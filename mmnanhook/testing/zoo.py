@@ -34,6 +34,8 @@ from .._mmengine import unwrap_model
 from . import synthetic, testbed
 
 SMALL_SIDE = 320
+# The synthetic VOC data is a VOC2007 directory.
+VOC_YEAR = 'VOC2007'
 
 
 class ZooEntry(object):
@@ -42,7 +44,8 @@ class ZooEntry(object):
     Args:
         package (str): The codebase that ships it (``'mmdet'``, ...).
         path (str): Path under ``<package>/.mim/configs``.
-        data (str): Dataset kind: ``'coco'``, ``'coco_masks'``, ``'dota'``,
+        data (str): Dataset kind: ``'coco'``, ``'coco_masks'``, ``'voc'``,
+            ``'dota'``,
             ``'imagenet'`` or ``'ade20k'``.
         short_side (int, optional): The short side of the zoo's train scale,
             rescaled to :data:`SMALL_SIDE`; ``None`` keeps the scales.
@@ -70,6 +73,10 @@ ZOO = {
         'mmdet', 'faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py', 'coco', 800),
     'mask_rcnn_r50': ZooEntry(
         'mmdet', 'mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py', 'coco_masks', 800),
+    # RepeatDataset of a ConcatDataset of VOC2007 and VOC2012 (both read
+    # one synthetic VOC2007 here; one repeat), bbox_min_size=32.
+    'retinanet_r50_voc': ZooEntry(
+        'mmdet', 'pascal_voc/retinanet_r50_fpn_1x_voc0712.py', 'voc', 600),
     'fcos_r50': ZooEntry('mmdet', 'fcos/fcos_r50-caffe_fpn_gn-head_1x_coco.py',
                          'coco', 800),
     'rtmdet_tiny': ZooEntry('mmdet', 'rtmdet/rtmdet_tiny_8xb32-300e_coco.py',
@@ -136,6 +143,11 @@ def make_zoo_dataset(name, root, num_images=4, defects=None, seed=0):
         data = synthetic.make_coco_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed,
             defects=defects, masks=kind == 'coco_masks')
+    elif kind == 'voc':
+        data = synthetic.make_voc_dataset(
+            osp.join(root, VOC_YEAR), num_images=num_images,
+            image_size=SMALL_SIDE, seed=seed, defects=defects)
+        data['data_root'] = root
     elif kind == 'dota':
         data = synthetic.make_dota_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed,
@@ -155,6 +167,9 @@ def _dataset_override(kind, data):
     if kind in ('coco', 'coco_masks'):
         return dict(data_root=root, ann_file=synthetic.COCO_ANN_FILE,
                     data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
+    if kind == 'voc':
+        # The VOC sub-datasets are pointed at the data after loading.
+        return dict(times=1)
     if kind == 'dota':
         return dict(data_root=root, ann_file=synthetic.DOTA_ANN_DIR + '/',
                     data_prefix=dict(img_path=synthetic.DOTA_IMG_DIR + '/'))
@@ -224,6 +239,8 @@ def child_config(name, data, work_dir, length=2, hook=None,
     with open(path, 'w') as f:
         f.write('\n'.join(lines) + '\n')
     cfg = Config.fromfile(path)
+    if entry.data == 'voc':
+        _point_voc(cfg, data)
     if entry.scale is not None:
         _rescale(cfg, entry.scale)
     for hook_cfg in cfg.get('custom_hooks') or []:
@@ -236,13 +253,34 @@ def child_config(name, data, work_dir, length=2, hook=None,
     return cfg
 
 
+def _point_voc(cfg, data):
+    """Every VOC sub-dataset of the shipped ConcatDataset reads the one
+    synthetic VOC2007 (its pipeline and filters as shipped)."""
+    for member in cfg.train_dataloader.dataset.dataset.datasets:
+        member.update(data_root=data['data_root'],
+                      ann_file=osp.join(VOC_YEAR, synthetic.VOC_SPLIT_FILE),
+                      data_prefix=dict(sub_data_root=VOC_YEAR + '/'))
+
+
+def _datasets(dataset):
+    """Every dataset config inside ``dataset`` (wrappers, Concat members)."""
+    yield dataset
+    if 'dataset' in dataset:  # RepeatDataset, MultiImageMixDataset ...
+        for inner in _datasets(dataset.dataset):
+            yield inner
+    for member in dataset.get('datasets') or []:
+        for inner in _datasets(member):
+            yield inner
+
+
 def _rescale(cfg, factor):
     """Multiply every image size of the train pipelines by ``factor``."""
-    dataset = cfg.train_dataloader.dataset
-    while 'dataset' in dataset:  # RepeatDataset, MultiImageMixDataset ...
-        _rescale_steps(dataset.get('pipeline') or [], factor)
-        dataset = dataset.dataset
-    _rescale_steps(dataset.get('pipeline') or [], factor)
+    seen = set()
+    for dataset in _datasets(cfg.train_dataloader.dataset):
+        steps = dataset.get('pipeline') or []
+        if id(steps) not in seen:  # Concat members may share one list
+            seen.add(id(steps))
+            _rescale_steps(steps, factor)
     for hook in cfg.get('custom_hooks') or []:
         _rescale_steps(hook.get('switch_pipeline') or [], factor)
     preprocessor = cfg.model.get('data_preprocessor') or {}

@@ -91,7 +91,18 @@ def _zero_width_box(sample):
 @pytest.mark.mmdet
 def test_data_bundle_has_both_pictures_of_the_bad_sample_only(data_bundle):
     bundle, data = data_bundle
-    names = sorted(n for n in bundle.files if n.startswith('sample'))
+    kept = sorted(n for n in bundle.files if n.startswith('sample')
+                  and not n.endswith('.png'))
+    # The bad sample's data info and a copy of its file, for the fixes.
+    image = osp.join(data['img_dir'], data['images'][BAD_INDEX])
+    assert kept == ['sample{}_image{}'.format(BAD_INDEX,
+                                              osp.splitext(image)[1]),
+                    'sample{}_info.json'.format(BAD_INDEX)]
+    with open(image, 'rb') as a, open(osp.join(bundle.path, kept[0]),
+                                      'rb') as b:
+        assert a.read() == b.read()
+    names = sorted(n for n in bundle.files if n.startswith('sample')
+                   and n.endswith('.png'))
     assert names == ['sample{}_file.png'.format(BAD_INDEX),
                      'sample{}_input.png'.format(BAD_INDEX)]
     # The file picture is the file itself: its aspect, its pixels.

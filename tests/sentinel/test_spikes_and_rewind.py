@@ -5,6 +5,8 @@ thousand times that, finite. Under ``'rewind'`` the hook keeps snapshots of
 good states and goes back to the newest one before the divergence began.
 """
 import math
+import os
+import os.path as osp
 import random
 
 import pytest
@@ -14,6 +16,7 @@ from mmengine.hooks import Hook
 
 from mmnanhook import NanDetectHook, compat
 from mmnanhook.sentinel import SeriesBand, SpikeDetector
+from mmnanhook.testing.cli import run_report
 from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
                                    log_text, make_runner, params,
                                    train_error)
@@ -276,6 +279,19 @@ def test_rewind_under_schedulers_compounds_the_factor_and_keeps_the_schedule(
     for i, used in lr.used.items():
         assert used == pytest.approx(scheduled[i] * factor.get(i, 1.0)), i
     assert 'LR x 0.01 for 3 update steps' in log_text(runner)
+    # The lowered LR is the fix, and training on is its test: the first
+    # rewind's did not hold (12 was rewound again), the second's did.
+    assert ('refuted: the LR x 0.1 after the last rewind did not hold (3 of '
+            'its 3 update steps left)') in log_text(runner)
+    assert ('verified: the LR x 0.01 after the last rewind held for 3 clean '
+            'update steps (up to iter 15)') in log_text(runner)
+    dumps = osp.join(runner.work_dir, 'nan_dumps')
+    fixes = [run_report(osp.join(dumps, d))['fixes']
+             for d in sorted(os.listdir(dumps))]
+    assert len(fixes) == 2 and all(
+        [(f['kind'], f['status']) for f in each] == [('lower_lr', 'untested')]
+        and f['detail'].startswith('verified by training on') and
+        "policy='rewind'" in f['fix'] for each in fixes for f in each)
 
 
 @pytest.mark.skipif(

@@ -24,10 +24,12 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
 from mmnanhook import NanDetectHook, NonFiniteError, compat
+from mmnanhook._format import format_value
 from mmnanhook.bundle import load_bundle
 from mmnanhook.cli._replay import build_model, config_from_text
 from mmnanhook.diagnosis import declared_sizes, diagnose
 from mmnanhook.quarantine import read_quarantine
+from mmnanhook.report import format_report
 from mmnanhook.sentinel import restore_rng
 from mmnanhook.testing import cli, zoo
 
@@ -164,6 +166,25 @@ class _Batches(zoo.ZooProbe):
         ])
 
 
+def _train_into_error(name, data, work_dir, extra=None):
+    """Train the child of ``name`` with the hook's one line until it raises.
+
+    Returns:
+        tuple: The ``NonFiniteError``, the :class:`_Batches` probe, the
+        runner.
+    """
+    cfg = zoo.child_config(name, data, str(work_dir),
+                           length=LENGTH.get(name, 1), hook='line',
+                           extra=extra)
+    cfg.log_level = 'WARNING'
+    runner = Runner.from_cfg(cfg)
+    probe = _Batches()
+    runner.register_hook(probe)
+    with pytest.raises(NonFiniteError) as info:
+        runner.train()
+    return info.value, probe, runner
+
+
 def fault_kinds(name):
     kind, fault = FAULTS[name]
     return set(fault.values()) if kind == 'data' else set()
@@ -188,16 +209,8 @@ def test_real_fault_is_caught_before_it_reaches_the_weights(tmp_path, name):
     if kind == 'lr':
         _, ref_probe, _ = _run(name, data, tmp_path / 'ref', extra=extra)
         expected = ref_probe.first_bad_iter
-    cfg = zoo.child_config(name, data, str(tmp_path / 'raise'),
-                           length=LENGTH.get(name, 1), hook='line',
-                           extra=extra)
-    cfg.log_level = 'WARNING'
-    runner = Runner.from_cfg(cfg)
-    probe = _Batches()
-    runner.register_hook(probe)
-    with pytest.raises(NonFiniteError) as info:
-        runner.train()
-    error = info.value
+    error, probe, runner = _train_into_error(name, data, tmp_path / 'raise',
+                                             extra)
     if kind == 'data':
         bad = [osp.join(data['img_dir'], d) for d in data['defect_images']]
         expected = [i for i, files in enumerate(probe.files)
@@ -245,6 +258,33 @@ def _assert_fixes_proven(name, error):
     assert 'verified fix: ' in str(error)
     if name == 'retinanet_r50':
         _assert_replayed_alike_and_refuted(error)
+
+
+@pytest.mark.zoo
+@pytest.mark.mmdet
+def test_voc_zero_width_box_on_the_zoo_voc_config(tmp_path):
+    # mmdet's VOC RetinaNet as shipped (RepeatDataset of a ConcatDataset,
+    # bbox_min_size=32): image 1's XML declares twice its width, so a box
+    # beyond the real border passes the size filter and Resize clips it to
+    # zero width.
+    name = 'retinanet_r50_voc'
+    data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'),
+                                num_images=IMAGES,
+                                defects={1: 'size_mismatch'})
+    bad = osp.join(data['img_dir'], data['defect_images'][0])
+    error, probe, _ = _train_into_error(name, data, tmp_path / 'raise')
+    assert error.iter == [i for i, files in enumerate(probe.files)
+                          if bad in files][0]
+    assert [s['img_path'] for s in error.report['samples']] == [bad]
+    assert 'has zero width' in error.report['summary']
+    fixes = dict((f['kind'], f) for f in error.report['fixes'])
+    assert fixes['drop_samples']['status'] == 'verified'
+    assert fixes['filter']['status'] == 'verified'
+    # VOCDataset keeps a box beyond the border it declares: declaring the
+    # real size leaves it to be clipped again. Refuted, and so not advice.
+    assert fixes['declared_size']['status'] == 'refuted'
+    assert not any('fix the sizes' in hint for hint in error.report['hints'])
+    assert 'refuted: in the annotation of' in format_report(error.report)
 
 
 def _assert_replayed_alike_and_refuted(error):
@@ -340,6 +380,27 @@ def test_lr_blowup_of_the_zoo_retinanet_is_a_divergence(tmp_path):
     assert report['divergence']['lr'] == pytest.approx(20.0)
     assert any('clip_grad' in hint or 'learning rate' in hint
                for hint in report['hints'])
+    # The rise itself, from where it began to the trigger, as the run
+    # without the hook logged it, and its line in the report.
+    rise = report['divergence']['rise']
+    shown = [v for v in rise['values'] if v is not None]
+    assert rise['series'] == 'loss'
+    assert shown[0][0] == start and shown[-1][0] == bad
+    assert [v for _, v in shown[:-1]] == pytest.approx(
+        [ref_probe.loss[i] for i, _ in shown[:-1]])
+    assert not math.isfinite(shown[-1][1])
+    rise_line = 'loss {} at iterations {}-{}, lr 20'.format(
+        ' -> '.join('...' if v is None else format_value(v[1])
+                    for v in rise['values']), start, bad)
+    assert rise_line in report['summary'] and rise_line in str(error)
+    assert 'divergence: from iter {} (loss'.format(start) in format_report(
+        report)
+    # A lower LR cannot be replayed without a snapshot: said, with the
+    # option that keeps one.
+    (fix, ) = report['fixes']
+    assert fix['kind'] == 'lower_lr' and fix['status'] == 'untested'
+    assert fix['fix'] == 'optim_wrapper.optimizer.lr=2'
+    assert "policy='rewind'" in fix['detail']
 
 
 class _DropProbe(_Batches):
