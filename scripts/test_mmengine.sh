@@ -24,6 +24,8 @@ versions=(${MMNANHOOK_MMENGINE_VERSIONS:-0.7.1 0.9.1})
 legs=(${MMNANHOOK_MMENGINE_LEGS:-modern dota})
 logs=${MMNANHOOK_TEST_LOGS:-test-logs}
 mkdir -p "$logs"
+# One torch thread per test process, whatever a caller's make test left set.
+unset MMNANHOOK_TEST_THREADS_FILE
 
 # What a version needs beside itself, pure-Python wheels only (their other
 # requirements are the legs' own).  mmengine 0.7.x calls yapf's
@@ -68,14 +70,17 @@ overlay() {
     if [ -f "$dir/.mmnanhook-overlay" ] && [ "$(cat "$dir/.mmnanhook-overlay")" = "$want" ]; then
         echo "$dir"; return 0
     fi
-    if [ "$(ls "$cache"/*.whl 2>/dev/null | wc -l)" -ne "${#wheels[@]}" ]; then
+    rm -rf "$dir"
+    # From the cache alone; what it lacks is downloaded once.
+    if ! "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-index \
+            --find-links "$cache" --no-warn-conflicts --target "$dir" "${wheels[@]}" >/dev/null 2>&1; then
         mkdir -p "$cache"
+        rm -rf "$dir"
         "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
             --only-binary=:all: -d "$cache" "${wheels[@]}" >&2 || return 1
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-index \
+            --find-links "$cache" --no-warn-conflicts --target "$dir" "${wheels[@]}" >&2 || return 1
     fi
-    rm -rf "$dir"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-index \
-        --no-warn-conflicts --target "$dir" "$cache"/*.whl >&2 || return 1
     echo "$want" >"$dir/.mmnanhook-overlay"
     echo "$dir"
 }
