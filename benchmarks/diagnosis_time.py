@@ -14,7 +14,9 @@ Measured per run, all in the same process and run:
   ``before_train_iter`` until the error reaches the caller, minus one
   ``iter`` (its own forward and backward): the cost of bundle + report;
 * ``replay``: the diagnosis alone (``report['elapsed_s']``); ``total -
-  replay`` is mostly the bundle's disk I/O (torch.save, fsync, plot).
+  replay`` is mostly the bundle's disk I/O (torch.save, fsync, plot);
+* ``fixes``: of the replay, the fixes' replays (``report['fixes_s']``), and
+  ``total - fixes`` in iterations: the diagnosis without them.
 
 With ``--policy drop`` the failing iteration does not raise: ``total`` is its
 span (diagnosis, bundle, the step recomputed without the bad sample and
@@ -258,11 +260,12 @@ def main(argv=None):
         'degenerate box, policy=%r; median [min, max] over runs' %
         (args.repeats, args.clean_iters, args.warmup, args.policy), '',
         '| model | torch | iter s | bundle + report s | of which replay s | '
-        'bundle + report / iter | replay / iter | bundle MB |',
-        '| --- | --- | --- | --- | --- | --- | --- | --- |',
+        'of which fixes s | bundle + report / iter | without the fixes / '
+        'iter | replay / iter | bundle MB |',
+        '| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |',
     ]
     for key, title, defect, _, name, overrides in models:
-        iters, totals, replays, sizes = [], [], [], []
+        iters, totals, replays, fixes, sizes = [], [], [], [], []
         for repeat in range(args.repeats):
             times, failing, report, size = _run(
                 name, overrides, defect, args.clean_iters, args.warmup,
@@ -271,13 +274,17 @@ def main(argv=None):
             iters.append(iter_s)
             totals.append(failing - iter_s)
             replays.append(report['elapsed_s'])
+            # Reports of mmnanhook before the fixes have none.
+            fixes.append(report.get('fixes_s') or 0.0)
             sizes.append(size / 1e6)
-        lines.append('| %s | %s | %s | %s | %s | %s | %s | %.1f |' % (
-            title, torch.__version__, _fmt(iters), _fmt(totals),
-            _fmt(replays),
-            _fmt([t / i for t, i in zip(totals, iters)], 1),
-            _fmt([r / i for r, i in zip(replays, iters)], 1),
-            statistics.median(sizes)))
+        lines.append('| %s | %s | %s | %s | %s | %s | %s | %s | %s | %.1f |'
+                     % (title, torch.__version__, _fmt(iters), _fmt(totals),
+                        _fmt(replays), _fmt(fixes),
+                        _fmt([t / i for t, i in zip(totals, iters)], 1),
+                        _fmt([(t - f) / i for t, f, i in zip(
+                            totals, fixes, iters)], 1),
+                        _fmt([r / i for r, i in zip(replays, iters)], 1),
+                        statistics.median(sizes)))
     print('\n'.join(lines))
     return 0
 

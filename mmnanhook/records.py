@@ -327,6 +327,7 @@ _REPORT_FIELDS = (
     ('replays_agree', None),
     ('notes', list),
     ('elapsed_s', None),
+    ('fixes_s', None),
 )
 _SAMPLE_FIELDS = ('samples', 'batch_problems')
 
@@ -360,7 +361,8 @@ class Report(object):
             :func:`mmnanhook.diagnosis.divergence_evidence`).
         largest_param (dict, optional): ``name``, ``max_abs``.
         amp_dtype (str, optional): The autocast dtype replayed.
-        elapsed_s (float, optional): Seconds the diagnosis took.
+        elapsed_s (float, optional): Seconds the diagnosis took;
+            ``fixes_s``, of which the fixes' replays.
 
     Args:
         **fields: Initial values; the others take their defaults.

@@ -236,7 +236,9 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
         report.kind = classify(report, main)
         fill_location(report, main, watch)
         log('mmnanhook: replaying the failing iteration with each fix')
+        fixes_start = time.time()
         report.fixes = verify_fixes(
             report, session, pipeline, sources, declared, angle_range, fp32)
+        report.fixes_s = time.time() - fixes_start
     report.elapsed_s = time.time() - start
     return finalize(report)

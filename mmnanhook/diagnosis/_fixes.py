@@ -131,19 +131,29 @@ def _values(tensor):
             tensor.detach().cpu().contiguous().numpy().tobytes())
 
 
+def _resample(finding, resampler, make, packed):
+    """Put the fixed sample into ``packed``; why it cannot be, or None."""
+    why = resampler.why_not(finding.index)
+    if why is None and not resampler.control(finding.index):
+        why = ('the train pipeline run again (its random transforms drawn '
+               'anew) does not make the bad box of sample {}: nothing to '
+               'compare with'.format(finding.index))
+    if why is None:
+        packed[finding.index], why = make(finding)
+    return why
+
+
 def _pipeline_fix(kind, text, findings, session, resampler, make):
     """A fix applied by the pipeline to each of ``findings``' samples, then
     the batch replayed. ``make(finding) -> (packed | None, why_not)``."""
     samples = [s.index for s in findings]
     packed = {}
     for finding in findings:
-        why = resampler.why_not(finding.index)
-        if why is None and not resampler.control(finding.index):
-            why = ('the train pipeline run again (its random transforms '
-                   'drawn anew) does not make the bad box of sample {}: '
-                   'nothing to compare with'.format(finding.index))
-        if why is None:
-            packed[finding.index], why = make(finding)
+        try:
+            why = _resample(finding, resampler, make, packed)
+        except Exception as error:  # noqa: BLE001 - the fix untested only
+            why = 'the train pipeline raised {}: {}'.format(
+                type(error).__name__, str(error).split('\n')[0])
         if why is not None:
             return Fix(kind, text, None, None, 'not replayed: ' + why,
                        samples)
@@ -309,9 +319,16 @@ _NONE_WHY = {
 }
 
 
-def no_fix(report):
-    """The record saying that no fix can be applied mechanically, and why."""
+def no_fix(report, tried=False):
+    """The record saying that no fix can be applied mechanically, and why.
+
+    Args:
+        report (Report): The classified report.
+        tried (bool): Fixes were replayed, none of them finite.
+    """
     why = _NONE_WHY.get(report.kind)
+    if why is None and tried:
+        why = 'none of the fixes above makes the failing iteration finite'
     if why is None:
         where = report.location or 'the reported op'
         why = ('the first non-finite value is made by code at {}: a change '
@@ -352,5 +369,6 @@ def verify_fixes(report, session, pipeline=None, sources=None,
             report, session, _Resampler(pipeline, sources, angle_range),
             list(declared or [])))
     if not any(f.status == 'verified' for f in fixes):
-        fixes.append(no_fix(report))
+        fixes.append(no_fix(report, tried=any(
+            f.status == 'refuted' for f in fixes)))
     return fixes

@@ -32,19 +32,6 @@ def _flexible_ddp(out_dir):
     from mmnanhook import NonFiniteError
     from mmnanhook.testing import zoo
 
-    class Probe(zoo.ZooProbe):
-        """Also records the image files of every iteration's batch."""
-
-        def __init__(self):
-            super().__init__()
-            self.files = []
-
-        def before_train_iter(self, runner, batch_idx, data_batch=None):
-            super().before_train_iter(runner, batch_idx, data_batch)
-            self.files.append([
-                s.metainfo.get('img_path') for s in data_batch['data_samples']
-            ])
-
     torch.set_num_threads(1)
     # Each rank writes its own copy (same seed, same bytes) and child config:
     # none reads a file another is still writing. The work dir is shared.
@@ -65,7 +52,7 @@ def _flexible_ddp(out_dir):
         model_wrapper=dict(type='MMDistributedDataParallel',
                            broadcast_buffers=False, device_ids=None))
     runner = FlexibleRunner.from_cfg(cfg)
-    probe = Probe()
+    probe = zoo.BatchFiles()
     runner.register_hook(probe)
     result = dict(raised=False, runner=type(runner).__name__,
                   strategy=type(runner.strategy).__name__,

@@ -365,6 +365,25 @@ class ZooProbe(Hook):
         return len(self.loss) if self.started > len(self.loss) else None
 
 
+class BatchFiles(ZooProbe):
+    """Also records the image files of every iteration's batch.
+
+    Attributes:
+        files (list[list[str]]): Per iteration, its samples' ``img_path``.
+    """
+
+    def __init__(self):
+        super(BatchFiles, self).__init__()
+        self.files = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        super(BatchFiles, self).before_train_iter(runner, batch_idx,
+                                                  data_batch)
+        self.files.append([
+            s.metainfo.get('img_path') for s in data_batch['data_samples']
+        ])
+
+
 def weights(runner):
     """Copies of the model's parameters, by name."""
     return {k: v.detach().clone()

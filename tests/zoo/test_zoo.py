@@ -152,25 +152,11 @@ def test_clean_run_is_the_run_without_the_hook(tmp_path, name):
             _assert_equal(ours[key], theirs[key], key)
 
 
-class _Batches(zoo.ZooProbe):
-    """Also records the image files of every iteration's batch."""
-
-    def __init__(self):
-        super().__init__()
-        self.files = []
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        super().before_train_iter(runner, batch_idx, data_batch)
-        self.files.append([
-            s.metainfo.get('img_path') for s in data_batch['data_samples']
-        ])
-
-
 def _train_into_error(name, data, work_dir, extra=None):
     """Train the child of ``name`` with the hook's one line until it raises.
 
     Returns:
-        tuple: The ``NonFiniteError``, the :class:`_Batches` probe, the
+        tuple: The ``NonFiniteError``, the ``zoo.BatchFiles`` probe, the
         runner.
     """
     cfg = zoo.child_config(name, data, str(work_dir),
@@ -178,7 +164,7 @@ def _train_into_error(name, data, work_dir, extra=None):
                            extra=extra)
     cfg.log_level = 'WARNING'
     runner = Runner.from_cfg(cfg)
-    probe = _Batches()
+    probe = zoo.BatchFiles()
     runner.register_hook(probe)
     with pytest.raises(NonFiniteError) as info:
         runner.train()
@@ -403,7 +389,7 @@ def test_lr_blowup_of_the_zoo_retinanet_is_a_divergence(tmp_path):
     assert "policy='rewind'" in fix['detail']
 
 
-class _DropProbe(_Batches):
+class _DropProbe(zoo.BatchFiles):
     """Also keeps the batch, and the state before and the weights after, of
     the iteration whose batch holds ``bad``."""
 
@@ -515,7 +501,7 @@ def test_a_resumed_run_reads_the_quarantine_back(drop_run):
                            hook_options=dict(policy='drop'), workers=True)
     cfg.resume = True
     runner = Runner.from_cfg(cfg)
-    files = _Batches()
+    files = zoo.BatchFiles()
     runner.register_hook(files)
     runner.train()
     # The third epoch only, and the bad image not in it.
