@@ -291,6 +291,15 @@ class Fix(object):
         return 'Fix(%s, %s: %r)' % (self.kind, self.status, self.fix)
 
 
+def verified_fix(fixes):
+    """The verified fix to act on first, of ``report.json``'s ``fixes``:
+    one that verifies a hint (the most specific hint first), else the first
+    verified; ``None`` when none is."""
+    verified = [f for f in fixes or [] if f.get('status') == 'verified']
+    verified.sort(key=lambda f: (f.get('hint') is None, f.get('hint') or 0))
+    return verified[0] if verified else None
+
+
 # report.json's schema version.
 REPORT_FORMAT_VERSION = 1
 

@@ -18,7 +18,7 @@ def _plot_series(ax, iters, values, title, fail_iter, spiked=(),
     # Points marked: a run that failed at iteration 1 has one finite value,
     # which a line alone never draws.
     ax.plot(iters, finite, color='tab:blue', linewidth=1, marker='o',
-            markersize=3)
+            markersize=4)
     marked = [(i, v) for i, v in zip(iters, finite)
               if i in spiked and not math.isnan(v)]
     if marked:
@@ -52,7 +52,8 @@ def _plot_series(ax, iters, values, title, fail_iter, spiked=(),
     ax.set_ylabel(title)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc='upper left', fontsize='small')
+        # Not over the points (one point alone sits in a corner).
+        ax.legend(loc='best', fontsize='small')
 
 
 def _plain_formatter(minor=False):

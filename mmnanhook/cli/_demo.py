@@ -18,6 +18,7 @@ import sys
 import tempfile
 
 from ..errors import NonFiniteError
+from ..records import verified_fix
 from ..testing import testbed
 
 # dota? -> (tiny config, defect planted, how that defect reaches the loss)
@@ -131,11 +132,10 @@ def run_demo(dota=False, work_dir=None):
              'optimizer step:'.format(error.iter))
         report = error.report or {}
         _say('   ' + (report.get('summary') or str(error).splitlines()[-1]))
-        verified = [f for f in report.get('fixes') or []
-                    if f.get('status') == 'verified']
-        if verified:
+        fix = verified_fix(report.get('fixes'))
+        if fix is not None:
             _say('   verified fix (the failing iteration replayed with it is '
-                 'finite): ' + verified[0]['fix'])
+                 'finite): ' + fix['fix'])
         if error.bundle:
             _where_it_is(error, runner)
         return 0

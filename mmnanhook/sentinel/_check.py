@@ -20,7 +20,7 @@ from mmengine.dist import all_reduce, get_dist_info
 
 from .._format import MAX_NAMES, format_names, format_value
 from ..errors import NonFiniteError
-from ..records import NonFiniteEvent, Trigger
+from ..records import NonFiniteEvent, Trigger, verified_fix
 from ._norms import GradNorms
 from ._spikes import SpikeDetector
 
@@ -324,11 +324,10 @@ def answer_text(answer):
     lines = []
     if answer.get('summary'):
         lines.append(answer['summary'])
-    for fix in (answer.get('report') or {}).get('fixes') or []:
-        if fix.get('status') == 'verified':
-            # The one line a user acts on: proven on the failing iteration.
-            lines.append('verified fix: %s' % fix['fix'])
-            break
+    fix = verified_fix((answer.get('report') or {}).get('fixes'))
+    if fix is not None:
+        # The one line a user acts on: proven on the failing iteration.
+        lines.append('verified fix: %s' % fix['fix'])
     if answer.get('bundle'):
         lines.append('bundle: %s' % answer['bundle'])
     return '\n'.join(lines)

@@ -424,3 +424,16 @@ def test_plot_history_writes_png(tmp_path, records):
         assert f.read(8) == PNG_SIGNATURE
     height, width = matplotlib.image.imread(path).shape[:2]
     assert height > 100 and width > 100
+
+
+def test_plot_history_shows_a_lone_finite_point(tmp_path):
+    # A run that failed at iteration 1 has one finite loss: a line alone
+    # draws nothing of it, its marker does.
+    import matplotlib.image
+    path = str(tmp_path / 'history.png')
+    plot_history([dict(iter=0, loss=2.3), dict(iter=1, loss=float('inf'))],
+                 path, fail_iter=1)
+    pixels = matplotlib.image.imread(path)[..., :3]
+    # The line's colour, matplotlib's tab:blue (#1f77b4).
+    blue = np.abs(pixels - np.array([0x1f, 0x77, 0xb4]) / 255.0).max(-1)
+    assert int((blue < 0.1).sum()) >= 9
