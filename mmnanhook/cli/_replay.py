@@ -66,6 +66,11 @@ def _sources(bundle):
     sources = {}
     for index, names in (bundle.manifest.get('sources') or {}).items():
         try:
+            # Only files the manifest lists (verified): never a path of its
+            # choosing outside the bundle.
+            if names['image'] not in bundle.files:
+                raise KeyError('{} is no file of the bundle'.format(
+                    names['image']))
             info = json.loads(bundle.text(names['info']))
             info['img_path'] = osp.join(bundle.path, names['image'])
             sources[int(index)] = info

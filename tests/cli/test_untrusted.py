@@ -133,3 +133,23 @@ def test_replay_help_says_that_it_executes_the_config():
     assert "It executes the bundle's config.py" in text
     assert 'as tools/train.py would' in text
     assert 'weights_only=True' in text
+
+
+def test_replay_reads_no_sample_file_the_manifest_does_not_list(toy_bundle,
+                                                                tmp_path):
+    # The fixes read an implicated sample's image from the bundle: a
+    # manifest naming a path outside it is refused, not followed.
+    import json
+    bundle = copy_bundle(toy_bundle, tmp_path)
+    outside = str(tmp_path / 'secret.jpg')
+    with open(outside, 'wb') as f:
+        f.write(b'not for the replay')
+    path = osp.join(bundle, 'manifest.json')
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest['sources'] = {'0': dict(info='config.py',
+                                     image=osp.relpath(outside, bundle))}
+    with open(path, 'w') as f:
+        json.dump(manifest, f)
+    assert_bad_input(mmnan('replay', bundle), 'replay',
+                     'corrupt "sources" entry')
