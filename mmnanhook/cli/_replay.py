@@ -8,8 +8,8 @@ import torch
 
 from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
                       RNG, TORCH_SUFFIX, load_bundle, state_dict_mismatch)
-from ..diagnosis import (TrainPipeline, angle_range_from_config,
-                         apply_divergence, declared_sizes, diagnose)
+from ..diagnosis import (angle_range_from_config, apply_divergence,
+                         declared_sizes, diagnose, train_pipeline)
 from ..errors import BundleError
 from ..report import finalize
 from ..sentinel import restore_rng
@@ -81,13 +81,6 @@ def _sources(bundle):
     return sources
 
 
-def _pipeline(cfg):
-    try:
-        return TrainPipeline.from_config(cfg)
-    except Exception:  # noqa: BLE001 - the fixes say it is unknown
-        return None
-
-
 def replay_bundle(path, device='cpu', fp32=False):
     """Replay the failing iteration of a bundle and diagnose it.
 
@@ -115,7 +108,7 @@ def replay_bundle(path, device='cpu', fp32=False):
         optimizer_state=bundle.load(OPTIMIZER)
         if bundle.has(OPTIMIZER) else None,
         declared=declared_sizes(bundle.manifest.get('annotations')),
-        pipeline=_pipeline(cfg), sources=_sources(bundle),
+        pipeline=train_pipeline(cfg), sources=_sources(bundle),
         retry=bundle.manifest.get('trigger') != 'spike')
     # What the run knew of a divergence before the trigger, again.
     if apply_divergence(report, bundle.manifest.get('divergence'),

@@ -20,12 +20,13 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
 from ._diagnose import diagnose
 from ._divergence import apply_divergence, divergence_evidence
 from ._incident import default_dump_dir, handle_incident
-from ._pipeline import TrainPipeline
+from ._pipeline import TrainPipeline, train_pipeline
 from ._state_scan import largest_param
 
 __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
     'divergence_evidence', 'declared_size', 'declared_sizes', 'default_dump_dir', 'diagnose',
-    'handle_incident', 'largest_param', 'split_batch', 'TrainPipeline'
+    'handle_incident', 'largest_param', 'split_batch', 'TrainPipeline',
+    'train_pipeline'
 ]

@@ -101,13 +101,16 @@ def _replay_again(session, report, log):
     log('mmnanhook: the replay is finite; replaying once more')
     again = session.run()
     report.replays_agree = not (again.nonfinite or again.error is not None)
-    if not report.replays_agree:
-        report.notes.append(
-            'the second replay of the same iteration was not finite ({}): '
-            'a fault that comes and goes (nondeterministic kernels, a race, '
-            'hardware)'.format(', '.join(again.nonfinite_losses)
-                               or 'gradients' if again.error is None
-                               else again.error['type']))
+    if report.replays_agree:
+        return
+    if again.error is not None:
+        what = 'it raised {}'.format(again.error['type'])
+    else:
+        what = ', '.join(again.nonfinite_losses) or 'gradients'
+    report.notes.append(
+        'the second replay of the same iteration was not finite ({}): a '
+        'fault that comes and goes (nondeterministic kernels, a race, '
+        'hardware)'.format(what))
 
 
 def _locate_forward(session, report, producer, quiet):

@@ -22,7 +22,7 @@ from ..report import finalize, format_report, render_html, sample_pictures
 from ..sentinel import restore_rng
 from ._data import angle_range_from_config, annotations, declared_sizes
 from ._diagnose import diagnose
-from ._pipeline import TrainPipeline, image_too_large
+from ._pipeline import image_too_large, train_pipeline
 from ._divergence import apply_divergence, weight_evidence
 
 
@@ -52,15 +52,6 @@ def _annotations(runner, data_batch, infos):
     except Exception as error:  # noqa: BLE001 - a missing detail only
         log('mmnanhook: the annotations of the batch are unknown ({}: '
             '{})'.format(type(error).__name__, error), logging.WARNING)
-        return None
-
-
-def _pipeline(cfg):
-    try:
-        return TrainPipeline.from_config(cfg)
-    except Exception as error:  # noqa: BLE001 - fixes untested only
-        log('mmnanhook: the train pipeline is unknown ({}: {})'.format(
-            type(error).__name__, error), logging.WARNING)
         return None
 
 
@@ -136,7 +127,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 amp_dtype=amp_dtype,
                 angle_range=angle_range_from_config(runner.cfg),
                 optimizer_state=optim_state, anomaly=anomaly,
-                declared=declared, pipeline=_pipeline(runner.cfg),
+                declared=declared, pipeline=train_pipeline(runner.cfg),
                 sources=infos, retry=event.trigger != Trigger.SPIKE)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(

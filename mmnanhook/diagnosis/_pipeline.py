@@ -9,12 +9,14 @@ Failure path only.
 """
 import contextlib
 import copy
+import logging
 import os.path as osp
 import random
 
 import numpy as np
 import torch
 
+from .._log import log
 from ._state import preserved_rng
 
 # The hint's filter: box sides at or below this many pixels are dropped,
@@ -137,6 +139,18 @@ class TrainPipeline(object):
             steps.insert(self.pack_at, self.filter_step())
         with _scope(self.scope), _seeded(_SEED):
             return Compose(copy.deepcopy(steps))(copy.deepcopy(info))
+
+
+def train_pipeline(cfg):
+    """:meth:`TrainPipeline.from_config`, or ``None`` (said in the log)
+    when the config's cannot be read: the fixes that need it stay
+    untested, the diagnosis goes on."""
+    try:
+        return TrainPipeline.from_config(cfg)
+    except Exception as error:  # noqa: BLE001 - fixes untested only
+        log('mmnanhook: the train pipeline is unknown ({}: {})'.format(
+            type(error).__name__, error), logging.WARNING)
+        return None
 
 
 def _scope(scope):
