@@ -378,6 +378,9 @@ def test_amp_real_bug_is_not_called_an_overflow(tmp_path):
     assert report['overflow'] is None
     assert report['kind'] == 'data'
     assert [s['index'] for s in report['samples']] == [1]
+    # float32 does not help a real bug: refuted, and not advice.
+    fixes = dict((f['kind'], f['status']) for f in report['fixes'])
+    assert fixes['fp32'] == 'refuted' and fixes['filter'] == 'verified'
 
 
 @pytest.mark.mmdet
@@ -401,6 +404,11 @@ def test_amp_fp16_range_overflow_names_the_module(tmp_path):
     assert report['location'] == faults.line_of('amplify')
     assert report['overflow']['max_abs'] > torch.finfo(torch.float16).max
     assert math.isfinite(report['overflow']['max_abs'])
+    # The fix, proven: the same iteration in float32 is finite.
+    (fix, ) = report['fixes']
+    assert (fix['kind'], fix['status']) == ('fp32', 'verified')
+    assert "'neck.tail'" in fix['fix'] and math.isfinite(fix['loss'])
+    assert 'verified fix: ' + fix['fix'] in str(error)
 
 
 # -- 10. max_dumps -----------------------------------------------------------
