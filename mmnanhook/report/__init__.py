@@ -2,7 +2,7 @@
 one-line summary, its hints and its text.
 
 * :mod:`._summary`: :func:`summarize`.
-* :mod:`._hints`: :func:`make_hints`.
+* :mod:`._hints`: :func:`keyed_hints` (each hint with the fix that checks it).
 * :mod:`._text`: :func:`format_report`.
 * :mod:`._pictures`: pictures of the implicated samples.
 * :mod:`._html`: ``report.html``, self-contained.
@@ -10,12 +10,12 @@ one-line summary, its hints and its text.
   visualizer.
 """
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
-from ._hints import keyed_hints, make_hints
+from ._hints import keyed_hints
 from ._html import render_html
 from ._pictures import (Picture, finding_pictures, pipeline_image, report_card,
                         sample_pictures)
 from ._summary import summarize
-from ._text import fix_line, format_report, verified_hints
+from ._text import format_report
 from ._visualizer import to_visualizer
 
 
@@ -41,7 +41,7 @@ def finalize(report):
 
 __all__ = [
     'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'finalize',
-    'finding_pictures', 'fix_line', 'format_report', 'make_hints', 'new_report',
+    'finding_pictures', 'format_report', 'keyed_hints', 'new_report',
     'pipeline_image', 'render_html', 'report_card', 'sample_pictures',
-    'summarize', 'to_visualizer', 'verified_hints'
+    'summarize', 'to_visualizer'
 ]

@@ -147,18 +147,6 @@ def keyed_hints(report):
             if key is None or key not in refuted]
 
 
-def make_hints(report):
-    """Concrete fixes suggested by a report's findings.
-
-    Args:
-        report (Report): A report, filled in.
-
-    Returns:
-        list[str]: Hints, most specific first.
-    """
-    return [text for _, text in keyed_hints(report)]
-
-
 def _keyed_hints(report):
     kind = report.kind
     hints = []
