@@ -194,6 +194,18 @@ def test_report_html_of_a_data_bundle_renders_with_the_pictures(
         assert image is not None and image.std() > 10, name
         assert (image == _read_png(osp.join(bundle.path, name))).all()
     assert 'alt="history"' in dom
+    # The hint a replayed fix verified is marked so, and every fix is listed
+    # with its outcome as rendered.
+    verified = [f for f in report['fixes'] if f['status'] == 'verified']
+    assert verified and 'Fixes, replayed' in text
+    for fix in verified:
+        assert ' '.join(html.escape(fix['fix'], quote=False).split()) in \
+            ' '.join(dom.split())
+        if fix['hint'] is not None:
+            assert re.search(r'<li><span class="verified">verified</span> ' +
+                             re.escape(html.escape(
+                                 report['hints'][fix['hint']][:40],
+                                 quote=False)), dom)
 
 
 @needs_chromium
