@@ -4,6 +4,7 @@ refused without running it, on every torch."""
 import os.path as osp
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -26,9 +27,26 @@ def _first_batch(cfg):
     return next(iter(Runner.build_dataloader(loader, seed=0)))
 
 
-def _shown(samples):
-    """What the data samples print, but their addresses."""
-    return re.sub(r' at 0x[0-9a-f]+', '', str(samples))
+def _shown(obj):
+    """What a batch holds, as plain comparable values.
+
+    Not its ``str``: a data element keeps its field names in a set, whose
+    order (and so the printed order) varies with the string hash seed.
+    """
+    if isinstance(obj, (list, tuple)):
+        return [_shown(item) for item in obj]
+    if isinstance(obj, dict):
+        return sorted((key, _shown(value)) for key, value in obj.items())
+    if hasattr(obj, 'metainfo_items') and hasattr(obj, 'items'):
+        return (type(obj).__name__, _shown(dict(obj.metainfo_items())),
+                _shown(dict(obj.items())))
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return (type(obj).__name__, str(obj.dtype), obj.tolist())
+    for inner in ('tensor', 'masks'):  # box structures, BitmapMasks
+        value = getattr(obj, inner, None)
+        if isinstance(value, (torch.Tensor, np.ndarray)):
+            return (type(obj).__name__, _shown(value))
+    return re.sub(r' at 0x[0-9a-f]+', '', repr(obj))
 
 
 def _bundle(tmp_path, tensors):
