@@ -77,7 +77,10 @@ class TrainPipeline(object):
     @classmethod
     def from_config(cls, cfg):
         """The train pipeline of a config, or ``None`` when it has none a
-        sample can be given to (no train dataloader, a ``ConcatDataset``).
+        sample can be given to (no train dataloader, a ``ConcatDataset``
+        whose datasets differ). Under a ``MultiImageMixDataset`` (mosaic)
+        the inner pipeline, which packs nothing: the fixes then say that it
+        failed.
 
         Args:
             cfg (mmengine.Config | dict): The run's config.
