@@ -197,9 +197,13 @@ def torch_load_allowlisted(path, find, built=(), map_location='cpu'):
         Exception: Whatever torch raises for a file it cannot read.
     """
     # torch would hand a TorchScript archive to torch.jit.load, and read a
-    # pre-1.6 file by other code paths; a bundle is neither.
-    if not zipfile.is_zipfile(path):
-        raise pickle.UnpicklingError('not a torch zip file')
+    # pre-1.6 file by other code paths (a tar whose members it extracts, links
+    # included); a bundle is neither. torch tells a zip file by its first
+    # bytes, not by the directory at its end that zipfile.is_zipfile finds
+    # in a tar with a zip appended.
+    with open(path, 'rb') as f:
+        if f.read(4) != b'PK\x03\x04' or not zipfile.is_zipfile(path):
+            raise pickle.UnpicklingError('not a torch zip file')
     with zipfile.ZipFile(path) as archive:
         if any(n.split('/')[-1] == 'constants.pkl'
                for n in archive.namelist()):

@@ -66,23 +66,40 @@ def _rng_problem(state):
                                            'random'} <= set(state):
         return ('not an RNG state (a dict of torch, numpy and random '
                 'states)')
-    tensors = [state['torch']] + list(state.get('cuda') or [])
+    cuda = state.get('cuda') or []
+    if not isinstance(cuda, (list, tuple)):
+        return 'not an RNG state (its cuda states are not a list)'
+    tensors = [state['torch']] + list(cuda)
     if not all(isinstance(t, torch.Tensor) and t.dtype == torch.uint8
                and t.dim() == 1 for t in tensors):
         return 'not an RNG state (its torch states are not byte tensors)'
+    if not _numpy_state(state['numpy']):
+        return ('not an RNG state (its numpy state is not a legacy MT19937 '
+                'state)')
     # Setting them is what checks them; the generators are put back after.
     saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
     try:
         torch.set_rng_state(state['torch'])
         np.random.set_state(state['numpy'])
         random.setstate(state['random'])
-    except (TypeError, ValueError, RuntimeError) as error:
+    except Exception as error:  # noqa: BLE001 - numpy and random raise
+        # IndexError, KeyError, OverflowError ... for what is no state.
         return 'not an RNG state ({}: {})'.format(type(error).__name__, error)
     finally:
         torch.set_rng_state(saved[0])
         np.random.set_state(saved[1])
         random.setstate(saved[2])
     return None
+
+
+def _numpy_state(state):
+    """Whether ``state`` is what ``np.random.get_state()`` returns: numpy
+    < 1.17 crashes (a segmentation fault) setting an ill-formed one."""
+    return (isinstance(state, (tuple, list)) and len(state) == 5
+            and state[0] == 'MT19937' and isinstance(state[1], np.ndarray)
+            and state[1].shape == (624, ) and state[1].dtype == np.uint32
+            and all(isinstance(v, (int, np.integer)) for v in state[2:4])
+            and isinstance(state[4], (float, np.floating)))
 
 
 def _batch_problem(batch):
@@ -134,8 +151,10 @@ def state_dict_mismatch(expected, state):
     """
     missing = set(expected) - set(state)
     unexpected = set(state) - set(expected)
+    # Shapes of tensors only: a module's ``_extra_state`` may be anything.
     reshaped = [k for k in set(expected) & set(state)
-                if expected[k].shape != state[k].shape]
+                if getattr(expected[k], 'shape', None)
+                != getattr(state[k], 'shape', None)]
     if not (missing or unexpected or reshaped):
         return None
     return 'not the state dict of the model its config.py builds: {}'.format(

@@ -72,7 +72,11 @@ class Bundle(object):
         except Exception as error:  # noqa: BLE001 - any unpickling failure
             raise BundleError(_one_line('cannot load {}: {}: {}'.format(
                 path, type(error).__name__, error)))
-        problem = content_problem(stem, obj)
+        try:
+            problem = content_problem(stem, obj)
+        except Exception as error:  # noqa: BLE001 - ill-formed content
+            problem = 'not what {} holds ({}: {})'.format(
+                stem + TORCH_SUFFIX, type(error).__name__, error)
         if problem is not None:
             raise BundleError(_one_line('{}: {}'.format(path, problem)))
         self._loaded[stem] = obj

@@ -86,6 +86,12 @@ WRONG_CONTENT = {
     'rng not a dict': ('rng', lambda b: [1, 2, 3], 'not an RNG state'),
     'rng of the wrong size': ('rng', _rng_of_the_wrong_size,
                               'not an RNG state (RuntimeError'),
+    'rng with an empty numpy state': ('rng', lambda b: dict(
+        compat.torch_load(osp.join(b, 'rng.pth')), numpy=()),
+        'not an RNG state (its numpy state is not a legacy MT19937 state)'),
+    'rng with cuda states that are no list': ('rng', lambda b: dict(
+        compat.torch_load(osp.join(b, 'rng.pth')), cuda=5),
+        'not an RNG state (its cuda states are not a list)'),
     'batch without inputs': ('data_batch', lambda b: {
         'data_samples': [torch.zeros(())]}, 'not a batch'),
     'model not a state dict': ('model', lambda b: {'weight': [1.0]},
@@ -153,3 +159,28 @@ def test_replay_reads_no_sample_file_the_manifest_does_not_list(toy_bundle,
         json.dump(manifest, f)
     assert_bad_input(mmnan('replay', bundle), 'replay',
                      'corrupt "sources" entry')
+
+
+def test_replay_refuses_a_tar_with_a_zip_appended_untouched(toy_bundle,
+                                                            tmp_path):
+    # zipfile finds the zip at the end; torch would read the tar in front
+    # (pre-1.6 format) and extract its members: a hard link to a file
+    # outside the bundle would get the member's mode and time.
+    import os
+    import tarfile
+    victim = tmp_path / 'victim'
+    victim.write_bytes(b'outside the bundle')
+    os.chmod(str(victim), 0o600)
+    before = os.stat(str(victim))
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode='w') as archive:
+        member = tarfile.TarInfo('storages')
+        member.type, member.linkname = tarfile.LNKTYPE, str(victim)
+        member.mode, member.mtime = 0o666, 0
+        archive.addfile(member)
+    bundle = copy_bundle(toy_bundle, tmp_path)
+    replace_listed_file(bundle, 'rng.pth', tar.getvalue() + _torch_bytes(
+        {'torch': torch.get_rng_state()}))
+    assert_bad_input(mmnan('replay', bundle), 'replay', 'not a torch zip file')
+    after = os.stat(str(victim))
+    assert (after.st_mode, after.st_mtime) == (before.st_mode, before.st_mtime)
