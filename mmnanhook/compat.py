@@ -508,15 +508,30 @@ def fsdp_sharded_params(model):
     Flat parameters, and their original parameters under
     ``use_orig_params=True``; ``NO_SHARD`` handles are not sharded. torch
     1.13 keeps a list ``_handles``, torch >= 2.0 one ``_handle``.
+
+    Raises:
+        RuntimeError: A module shards over fewer ranks than the world
+            (``HYBRID_SHARD``).
     """
     if 'torch.distributed.fsdp' not in sys.modules:
         return None  # nothing can have been wrapped with it
     from torch.distributed.fsdp import FullyShardedDataParallel
     ids, found = set(), False
+    world = (torch.distributed.get_world_size()
+             if torch.distributed.is_initialized() else 1)
     for module in model.modules():
         if not isinstance(module, FullyShardedDataParallel):
             continue
         found = True
+        group = getattr(module, 'process_group', None)
+        if group is not None and group.size() != world:
+            # The shards' powers are summed over the world: with replicas of
+            # each shard (HYBRID_SHARD) the norm would count each shard once
+            # per replica; refused rather than checked and clipped wrong.
+            raise RuntimeError(
+                'mmnanhook: FSDP shards over {} of the {} ranks (HYBRID_SHARD '
+                'or a process group of its own): its global gradient norm is '
+                'not supported'.format(group.size(), world))
         handles = getattr(module, '_handles', None)
         if handles is None:
             handles = [getattr(module, '_handle', None)]
