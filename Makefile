@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # The slowest tests of each leg at the end of its log: where the time goes.
 PYTEST_ARGS ?= -ra --durations=15
 
-.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota test-mmengine lint demo demo-dota
+.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota test-zoo test-zoo-modern test-zoo-dota test-all test-mmengine lint demo demo-dota
 
 ## setup: both legs and the browser, at the same time.
 setup:
@@ -25,16 +25,36 @@ setup-browser:
 lint:
 	scripts/lint.sh
 
-## test: both legs at once, the whole suite in each (sets them up first);
-## each leg's log in test-logs/, printed whole at the end.
+# The tiers are one suite split by a marker (pytest.ini): `zoo_full` tests run
+# in `make test-zoo` only; every other test runs in `make test`.
+EVERYDAY := -m 'not zoo_full'
+ZOO := -m zoo_full
+
+## test: the everyday tier, both legs at once (sets them up first); each
+## leg's log in test-logs/, printed whole at the end.
 test: setup lint
-	scripts/test_all.sh $(PYTEST_ARGS)
+	scripts/test_all.sh $(EVERYDAY) $(PYTEST_ARGS)
 
 test-modern: setup-modern setup-browser
-	scripts/test_leg.sh modern $(PYTEST_ARGS)
+	scripts/test_leg.sh modern $(EVERYDAY) $(PYTEST_ARGS)
 
 test-dota: setup-dota
-	scripts/test_leg.sh dota $(PYTEST_ARGS)
+	scripts/test_leg.sh dota $(EVERYDAY) $(PYTEST_ARGS)
+
+## test-zoo: the full zoo tier, both legs at once; logs in test-logs/zoo/.
+test-zoo: setup
+	MMNANHOOK_TEST_LOGS=test-logs/zoo scripts/test_all.sh $(ZOO) $(PYTEST_ARGS)
+
+test-zoo-modern: setup-modern
+	scripts/test_leg.sh modern $(ZOO) $(PYTEST_ARGS)
+
+test-zoo-dota: setup-dota
+	scripts/test_leg.sh dota $(ZOO) $(PYTEST_ARGS)
+
+## test-all: make test, make test-zoo and make test-mmengine, each timed
+## (scripts/test_tiers.sh); what .ci/run runs.
+test-all: setup lint
+	scripts/test_tiers.sh $(PYTEST_ARGS)
 
 ## test-mmengine: a core subset on older mmengine releases (0.7.1, 0.9.1), each
 ## laid over both legs (scripts/test_mmengine.sh); .ci/run runs it after make test.

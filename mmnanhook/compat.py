@@ -544,3 +544,20 @@ def fsdp_sharded_params(model):
             if getattr(handle, '_use_orig_params', False):
                 ids.update(id(p) for p in getattr(flat, '_params', None) or [])
     return ids if found else None
+
+
+def forget_last_scalar(message_hub, key):
+    """Take the last value of ``key`` back out of ``message_hub``.
+
+    ``HistoryBuffer`` (mmengine 0.10.x) has no public way to: its two numpy
+    arrays are shortened; a buffer left empty is removed, as LogProcessor
+    cannot smooth an empty window.
+    """
+    buffer = message_hub.log_scalars.get(key)
+    if buffer is None:
+        return
+    if len(buffer._log_history) <= 1:
+        del message_hub.log_scalars[key]
+        return
+    buffer._log_history = buffer._log_history[:-1]
+    buffer._count_history = buffer._count_history[:-1]

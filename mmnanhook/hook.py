@@ -8,41 +8,33 @@ param schedulers wrapped its ``step``) and wraps the model's ``train_step``
 the update) and ``parse_losses`` (so a trigger can name the loss term); all
 of it is undone in ``after_train`` or when a train step raises.
 """
+import contextlib
 import functools
 import logging
-import traceback
 
 import torch
-from mmengine.dist import get_dist_info
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from . import compat
-from ._mmengine import unwrap_model
+from ._mmengine import is_ddp, unwrap_model
 from .errors import CheckBypassedError, NonFiniteError
-from .diagnosis import default_dump_dir, handle_incident, largest_param
+from .diagnosis import (communicating_modules, default_dump_dir,
+                        divergence_evidence, handle_incident, largest_param,
+                        local_replays, locate_micro_step)
 from .options import (CheckOptions, QuarantineOptions, RewindOptions,
                       check_anomaly, check_bool, check_count, check_path,
                       is_count)
 from .quarantine import start_quarantine
-from .diagnosis import divergence_evidence
+from .quarantine._inflight import call_with
 from .diagnosis._divergence import rising as _rising
-from .records import NonFiniteEvent, Trigger
-from .report import to_visualizer
-from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, Dropper, History,
-                       Listener, Rewinder, StepContext, StepMemory,
-                       answer_text, install_nan_detect, loss_terms,
-                       param_norms)
-
-
-def detector_window(hook):
-    """How far back (iterations) a spike still tells of a divergence."""
-    return hook.check_options.spike_window
-
-
-def _is_out_of_memory(exc):
-    # Replaying an out-of-memory forward only runs out of memory again.
-    return 'out of memory' in str(exc).lower()
+from .records import Trigger
+from .report import forget_nonfinite, to_visualizer
+from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, Dropper,
+                       Exchange, History, Listener, Ranks, Rewinder,
+                       StepMemory, drop_decision, forward_failed,
+                       install_nan_detect, loss_terms, param_norms,
+                       rank_finding, received)
 
 
 @HOOKS.register_module()
@@ -197,6 +189,10 @@ class NanDetectHook(Hook, Listener):
         # policy='drop', and the samples it keeps out of the dataloader.
         self._dropper = None
         self._quarantine = None
+        # The ranks of a distributed run, and the modules of the model that
+        # communicate in their forward (found at the first trigger).
+        self._ranks = None
+        self._communicating = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -208,6 +204,10 @@ class NanDetectHook(Hook, Listener):
             message_hub=runner.message_hub,
             **dict((k, getattr(opts, k)) for k in opts.__slots__))
         self._guard = BypassGuard(self._handle)
+        self._ranks = Ranks.start()
+        for sentinel in self._handle.sentinels:
+            sentinel.ranks = self._ranks
+        self._communicating = None
         self._verified = False
         self._train_iters = 0
         model = runner.model
@@ -235,7 +235,8 @@ class NanDetectHook(Hook, Listener):
         quarantine = self.quarantine_options
         if quarantine.used_by(opts.policy):
             self._quarantine = start_quarantine(
-                runner, quarantine.reviewed, quarantine.path)
+                runner, quarantine.reviewed, quarantine.path,
+                writes=self._ranks is None or self._ranks.writes)
 
     def after_train(self, runner):
         self._restore()
@@ -267,6 +268,9 @@ class NanDetectHook(Hook, Listener):
             self._quarantine.remove()
             self._quarantine = None
         self._dropper = None
+        if self._ranks is not None:
+            self._ranks.close()
+            self._ranks = None
 
     # -- per iteration -----------------------------------------------------
 
@@ -285,12 +289,12 @@ class NanDetectHook(Hook, Listener):
             data_batch: The batch as the dataloader produced it (kept by
                 reference: ``train_step`` does not mutate it).
         """
+        # The first micro-step since the last update step (a resumed one's).
+        if self.check_options.skips and not self._memory:
+            self._buffers = BufferSnapshot(unwrap_model(runner.model))
         self._memory.keep(runner.iter, data_batch)
         self._step = {}
         self._rewound_at = None
-        if self.check_options.skips and \
-                runner.iter % self._memory.window == 0:
-            self._buffers = BufferSnapshot(unwrap_model(runner.model))
 
     def _after_step(self, runner):
         if not self._guard.verify(runner.iter):
@@ -317,6 +321,9 @@ class NanDetectHook(Hook, Listener):
                          outputs=None):
         # Host floats already synced (ours, RuntimeInfoHook's): no sync here.
         self._history.append(**self._record(runner))
+        # A micro-step whose update step will not be applied as it is.
+        if self._memory and self.check_options.policy != 'warn':
+            forget_nonfinite(runner.message_hub, outputs)
 
     def _record(self, runner, **values):
         """This iteration's history record; ``values`` override."""
@@ -348,6 +355,11 @@ class NanDetectHook(Hook, Listener):
             if wanted != state[0]:
                 compat.set_detect_anomaly(wanted)
             try:
+                if self._quarantine is not None:
+                    args, kwargs = self._quarantine.admit(runner, args, kwargs)
+                    if args is None:
+                        self._step = {}
+                        return {}
                 self._before_step(runner,
                                   args[0] if args else kwargs.get('data'))
                 self._guard.start()
@@ -361,9 +373,11 @@ class NanDetectHook(Hook, Listener):
             except Exception as exc:
                 try:
                     # Raised before any backward: the forward failed.
-                    if (self._records() == records
-                            and self._forward_failed(runner, exc)):
-                        return {}
+                    handled = self._records() == records and \
+                        self._forward_failed(runner, exc, functools.partial(
+                            call_with, train_step, args, kwargs))
+                    if isinstance(handled, dict):
+                        return self._logged(handled)
                 except BaseException:
                     self._restore()
                     raise
@@ -392,50 +406,14 @@ class NanDetectHook(Hook, Listener):
     def _records(self):
         return sum(s.check.records for s in self._handle.sentinels)
 
-    def _forward_failed(self, runner, exc):
-        """Diagnose a train step whose forward raised.
-
-        A forward that raises *because* it made non-finite values (a DETR
-        matcher handed a NaN cost matrix, an assertion on box coordinates)
-        is a trigger like a non-finite loss, and the policy applies: 'skip'
-        drops the step, 'raise' raises :class:`NonFiniteError` (the original
-        exception is its context), 'warn' lets the original propagate. Any
-        other exception propagates unchanged, with the diagnosis attached.
-
-        Returns:
-            bool: True when the step was skipped.
-        """
-        if not self.replay or _is_out_of_memory(exc):
-            return False
-        rank, world_size = get_dist_info()
-        context = StepContext(runner.iter, runner.epoch)
-        event = NonFiniteEvent(
-            Trigger.EXCEPTION, '%s raised in forward at %s: %s' % (
-                type(exc).__name__, context.where(rank, world_size), exc),
-            iter=runner.iter, epoch=runner.epoch, rank=rank,
-            world_size=world_size,
-            exception='%s: %s' % (type(exc).__name__, exc))
-        answer = self.on_nonfinite(event) or {}
-        report = answer.get('report') or {}
-        extra = answer_text(answer)
-        if report.get('forward') is None:
-            if extra:
-                compat.add_exception_note(exc, extra)
-            return False
-        # The frames' locals hold the failed forward's activations.
-        traceback.clear_frames(exc.__traceback__)
-        check = self._handle.sentinels[0].check
-        if not check.resolve(event, answer):
-            if self._buffers is not None:
-                self._buffers.restore()
-            for wrapper in self._handle.wrappers:
-                wrapper.zero_grad()
-            runner.message_hub.update_scalar('train/nan_skipped',
-                                             check.skipped)
-            return True
-        if extra:
-            compat.add_exception_note(exc, extra)
-        return False
+    def _forward_failed(self, runner, exc, train_step):
+        """A train step whose forward raised (here, or on another rank):
+        see :func:`~mmnanhook.sentinel.forward_failed`."""
+        return forward_failed(
+            runner, exc, train_step, self, self._ranks, self.replay,
+            self._memory.steps, self._handle.sentinels[0],
+            getattr(self._buffers, 'restore', None), self._dropper,
+            self._handle.wrappers)
 
     def _wrap_parse_losses(self, parse_losses):
 
@@ -472,7 +450,8 @@ class NanDetectHook(Hook, Listener):
         self._step['spikes'] = [spike.series for spike in spikes]
         detector = self._detector()
         earlier = [s for s in detector.spikes[:-len(spikes)]
-                   if s.iter >= spikes[0].iter - detector_window(self)]
+                   if s.iter >= spikes[0].iter -
+                   self.check_options.spike_window]
         if not earlier:
             # The first spike of a run: the norms it is measured from.
             self._spike_norms = param_norms(unwrap_model(self._runner.model))
@@ -495,30 +474,32 @@ class NanDetectHook(Hook, Listener):
                          'mmnanhook: ' + message)
         if not spike:
             self._step['triggered'] = True
-        if (policy in ('skip', 'rewind', 'drop') and not exception
-                and self._buffers is not None):
+        if policy in ('skip', 'rewind', 'drop') and not exception:
             self._buffers.restore()
         evidence = self._divergence(event)
         rewind = policy == 'rewind' and not exception and (
             evidence is not None or self._weights_broken())
         result = {}
-        if (not spike or rewind or policy == 'raise') and (
-                not event.bad_ranks or event.rank in event.bad_ranks):
-            # The culprit rank(s) replay their own batch and write the
-            # bundle; a spike only when it stops or rewinds training.
-            result = self._incident(
-                event, evidence, logging.WARNING if quiet else logging.ERROR,
-                self.rewind_options if rewind else None) or {}
-        if policy == 'drop' and not spike and not exception:
-            self._step['event'] = event
-            result['drop'] = self._dropper.plan(
-                event, result.get('report'), self._memory.steps(),
-                self._buffers.restore)
-        elif (self.quarantine_options.skips and policy in ('skip', 'rewind')
-              and not spike and (result.get('report') or {}).get(
-                  'kind') == 'data'):
-            self._quarantine.record(result['report']['samples'], event,
-                                    policy, self._logger)
+        # Under DDP every rank has this event: they exchange what they find.
+        exchange = Exchange(self._ranks) if event.shared and \
+            self._ranks is not None else None
+        diagnosed = not spike or rewind or policy == 'raise'
+        try:
+            if diagnosed and (not event.bad_ranks
+                              or event.rank in event.bad_ranks):
+                # The culprit rank(s) replay their own batch and write the
+                # bundle; a spike only when it stops or rewinds training.
+                result = self._incident(
+                    event, evidence,
+                    logging.WARNING if quiet else logging.ERROR,
+                    self.rewind_options if rewind else None, exchange) or {}
+        finally:
+            if exchange is not None and diagnosed:
+                # Once on every rank, whatever the diagnosis did.
+                result['findings'] = exchange(rank_finding(
+                    event.rank, iter=event.fail_iter))
+        if not spike:
+            self._recover(event, policy, result)
         if rewind:
             model = unwrap_model(self._runner.model)
             since = evidence['began_at'] if evidence else event.iter
@@ -538,6 +519,47 @@ class NanDetectHook(Hook, Listener):
                         self.rewind_options.cooldown))
         return result or None
 
+    def _recover(self, event, policy, result):
+        """What ``'drop'`` (or ``quarantine_skips``) does with the samples
+        the diagnosis, or every rank's (DDP), singled out."""
+        findings = result.get('findings')
+        if findings is None:
+            report = result.get('report') or {}
+            data = report.get('kind') == 'data'
+            samples = report.get('samples') or []
+        else:
+            culprits = [f for f in findings if f.kind == 'data']
+            # A forward that raised on every rank it raised on because of
+            # data (the ranks that only received it aside).
+            data = bool(culprits) and all(
+                f.kind == 'data' or received(f, findings) for f in findings
+                if f.rank in event.bad_ranks)
+            samples = [dict(s.to_dict(), rank=f.rank) for f in culprits
+                       for s in f.samples]
+        exception = event.trigger == Trigger.EXCEPTION
+        if policy == 'drop' and (not exception or data):
+            self._step['event'] = event
+            decision = None if findings is None else drop_decision(
+                findings, event.world_size,
+                ['%s (%s)' % (n, type(m).__name__)
+                 for n, m in self._communicates()],
+                is_ddp(self._runner.model))
+            result['drop'] = self._dropper.plan(
+                event, result.get('report'), self._memory.steps(),
+                self._buffers.restore, decision)
+        elif (self.quarantine_options.skips and policy in ('skip', 'rewind')
+              and data):
+            self._quarantine.record(samples, event, policy, self._logger)
+
+    def _communicates(self):
+        """``(name, module)`` of the model's modules that communicate in
+        their forward (SyncBN); found once, at the first trigger of a
+        distributed run."""
+        if self._communicating is None:
+            self._communicating = communicating_modules(
+                unwrap_model(self._runner.model)) if self._ranks else []
+        return self._communicating
+
     def _weights_broken(self):
         # Failure path: a sync per parameter is fine here.
         return any(not bool(torch.isfinite(p).all())
@@ -549,8 +571,8 @@ class NanDetectHook(Hook, Listener):
         earlier = []
         if detector is not None:
             earlier = [s.to_dict() for s in detector.spikes
-                       if event.iter - detector_window(self) <= s.iter
-                       < event.iter]
+                       if event.iter - self.check_options.spike_window
+                       <= s.iter < event.iter]
         records = self._history.records() + [self._event_record(event)]
         if not earlier and not _rising(records):
             return None
@@ -571,15 +593,25 @@ class NanDetectHook(Hook, Listener):
                             grad_norm=event.grad_norm,
                             loss_scale=event.loss_scale)
 
-    def _incident(self, event, evidence, level, rewind):
+    def _incident(self, event, evidence, level, rewind, exchange=None):
         """Diagnose ``event`` and write its bundle; the answer for the error.
+
+        Under DDP the replays run on this rank alone (modules that
+        communicate in their forward made local), and ``exchange`` gathers
+        every rank's finding before the bundle is written.
         """
         if not self.replay and not self.max_dumps:
             return None
-        data_batch, rng_state = self._memory.get(event.fail_iter)
+        model = unwrap_model(self._runner.model)
+        replays = functools.partial(local_replays, self._communicates()) \
+            if self._ranks is not None else contextlib.nullcontext
+        with replays():
+            fail_iter = locate_micro_step(
+                event, model, self._memory.steps() if self.replay else [])
+        data_batch, rng_state = self._memory.get(fail_iter)
         if data_batch is None:
             self._logger.error('mmnanhook: no batch kept for iteration %s: '
-                               'no replay and no bundle' % (event.fail_iter, ))
+                               'no replay and no bundle' % (fail_iter, ))
             return None
         runner = self._runner
         history = self._history.records() + [self._event_record(event)]
@@ -589,7 +621,8 @@ class NanDetectHook(Hook, Listener):
             max_dumps=self.max_dumps, replay=self.replay,
             dump_optimizer=self.dump_optimizer,
             anomaly=self.anomaly != 'never', divergence=evidence,
-            start_weight=self._start_weight, level=level, rewind=rewind)
+            start_weight=self._start_weight, level=level, rewind=rewind,
+            replays=replays, exchange=exchange)
         to_visualizer(getattr(runner, 'visualizer', None), result,
                       event.iter, self._logger)
         # What the diagnosis allocated is free now: give it back.

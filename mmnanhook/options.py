@@ -156,6 +156,21 @@ class CheckOptions(object):
         """Whether a trigger or a spike may go back to a snapshot."""
         return 'rewind' in (self.policy, self.spike_policy)
 
+    def needs_hook(self):
+        """Why only ``NanDetectHook`` can apply these options, or ``None``:
+        what a self-checking optim wrapper refuses at build time."""
+        if self.rewinds:
+            return ("policy/spike_policy 'rewind' needs NanDetectHook, which "
+                    'keeps the snapshots to go back to; configure the hook')
+        if self.policy == 'drop':
+            # Without the hook's replay no sample is singled out: the step
+            # would only be skipped, BN statistics and all.
+            return ("policy 'drop' needs NanDetectHook, which replays the "
+                    'batch to find the samples to leave out and quarantines '
+                    "them; configure the hook with policy='drop', or give "
+                    "the optim wrapper policy='skip'")
+        return None
+
     def __repr__(self):
         return 'CheckOptions(%s)' % ', '.join(
             '%s=%r' % (k, getattr(self, k)) for k in self.__slots__)

@@ -60,6 +60,9 @@ class NonFiniteEvent(object):
             forward op involved, when it was on.
         spikes (list[dict], optional): The spikes of this step
             (``Trigger.SPIKE``).
+        shared (bool): Every rank of a distributed run has this event, in
+            the same step (the update step's check, a forward vote): the
+            ranks then exchange their findings and act alike.
     """
 
     def __init__(self, trigger, message, iter=None, epoch=None, rank=0,
@@ -67,7 +70,7 @@ class NonFiniteEvent(object):
                  nonfinite_losses=None, bad_loss_iters=None, grad_norm=None,
                  nonfinite_grads=None, nonfinite_grad_count=0,
                  loss_scale=None, exception=None, forward_traceback=None,
-                 spikes=None):
+                 spikes=None, shared=False):
         if trigger not in TRIGGERS:
             raise ValueError('unknown trigger %r; one of %s' %
                              (trigger, ', '.join(TRIGGERS)))
@@ -88,11 +91,18 @@ class NonFiniteEvent(object):
         self.exception = exception
         self.forward_traceback = forward_traceback
         self.spikes = list(spikes or [])
+        self.shared = bool(shared)
+        # The micro-step whose gradients alone are not finite, once a replay
+        # of each has found it (a gradient-only fault under accumulation).
+        self.bad_grad_iter = None
 
     @property
     def fail_iter(self):
-        """The iteration whose batch to replay: the bad micro-step's, if any."""
-        return (self.bad_loss_iters or [self.iter])[0]
+        """The iteration whose batch to replay: the bad micro-step's (by its
+        loss, or by its gradients alone), if any."""
+        if self.bad_loss_iters:
+            return self.bad_loss_iters[0]
+        return self.iter if self.bad_grad_iter is None else self.bad_grad_iter
 
     def __repr__(self):
         return 'NonFiniteEvent(%s)' % self.message
@@ -125,6 +135,11 @@ class ProblemCategory(_StrEnum):
     OUTSIDE = 'outside'  #: a GT box lies outside its image
     ANGLE = 'angle'  #: a rotated box's angle is outside the configured range
     PIPELINE = 'pipeline'  #: the data pipeline raised (``mmnan scan``)
+
+
+# A sample with one of these carries non-finite values into the forward.
+NONFINITE_DATA = (ProblemCategory.NONFINITE_INPUT,
+                  ProblemCategory.NONFINITE_BOX)
 
 
 class DataProblem(object):
@@ -184,6 +199,70 @@ class SampleFinding(object):
         return cls(data.get('index'), data.get('img_path'),
                    [DataProblem(None, text)
                     for text in data.get('problems') or []])
+
+
+class RankFinding(object):
+    """What one rank found of a trigger that every rank saw, exchanged
+    between the ranks (DDP) so that each bundle names the culprit and every
+    rank takes the same path.
+
+    Args:
+        rank (int): The rank.
+        kind (str, optional): Its diagnosis' kind; ``None`` when it did not
+            diagnose (its own batch was not implicated).
+        samples (list[SampleFinding]): Its samples that fail on their own.
+        iter (int, optional): The iteration of its failing batch (a
+            micro-step's under gradient accumulation).
+        batch_size (int, optional): Samples in its failing batch.
+        drop (list[int], optional): Batch positions ``'drop'`` would leave
+            out on it; ``None`` when it cannot (``reason``).
+        reason (str, optional): Why it cannot drop.
+        nonfinite_data (bool): Its batch holds non-finite inputs or targets.
+        reproduced (bool, optional): Whether its batch replayed on this rank
+            alone was non-finite.
+        raises (bool): Its forward raised an exception that no policy
+            handles (not made by non-finite values): every rank stops.
+    """
+
+    __slots__ = ('rank', 'kind', 'samples', 'iter', 'batch_size', 'drop',
+                 'reason', 'nonfinite_data', 'reproduced', 'raises')
+
+    def __init__(self, rank, kind=None, samples=None, iter=None,
+                 batch_size=None, drop=None, reason=None,
+                 nonfinite_data=False, reproduced=None, raises=False):
+        self.rank = rank
+        self.kind = kind
+        self.samples = list(samples or [])
+        self.iter = iter
+        self.batch_size = batch_size
+        self.drop = None if drop is None else list(drop)
+        self.reason = reason
+        self.nonfinite_data = bool(nonfinite_data)
+        self.reproduced = reproduced
+        self.raises = bool(raises)
+
+    @property
+    def culprit(self):
+        """Whether samples of its own batch made the failure."""
+        return bool(self.samples)
+
+    def to_dict(self):
+        """As ``report.json`` stores it (and the ranks exchange it)."""
+        data = dict((name, getattr(self, name)) for name in self.__slots__)
+        data['samples'] = [s.to_dict() for s in self.samples]
+        return data
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read back :meth:`to_dict`."""
+        data = dict((k, data.get(k)) for k in cls.__slots__)
+        data['samples'] = [SampleFinding.from_dict(s)
+                           for s in data['samples'] or []]
+        return cls(**data)
+
+    def __repr__(self):
+        return 'RankFinding(rank %d: %s, samples %s)' % (
+            self.rank, self.kind, [s.index for s in self.samples])
 
 
 class ReplayResult(object):
@@ -334,6 +413,8 @@ _REPORT_FIELDS = (
     ('largest_param', None),
     ('amp_dtype', None),
     ('replays_agree', None),
+    ('ranks', list),
+    ('local_modules', list),
     ('notes', list),
     ('elapsed_s', None),
     ('fixes_s', None),
@@ -357,6 +438,11 @@ class Report(object):
             ``nonfinite_losses``, ``error`` of the one-sample replays.
         fixes (list[Fix]): The fixes replayed on the failing iteration
             (or why none could be).
+        ranks (list[RankFinding]): Under DDP, what every rank found of a
+            trigger all ranks saw (the culprit's samples among them).
+        local_modules (list[str]): Modules that communicate in their
+            forward (SyncBN), normalized with this rank's batch alone
+            during the replays.
         replays_agree (bool, optional): For a failure the replay did not
             reproduce: whether a second replay was finite too (``False``: a
             fault that comes and goes).
@@ -401,7 +487,7 @@ class Report(object):
         data = {}
         for name, _ in _REPORT_FIELDS:
             value = getattr(self, name)
-            if name in _SAMPLE_FIELDS or name == 'fixes':
+            if name in _SAMPLE_FIELDS or name in ('fixes', 'ranks'):
                 value = [s.to_dict() for s in value]
             elif name == 'kind' and value is not None:
                 value = value.value
@@ -420,6 +506,9 @@ class Report(object):
         if 'fixes' in known:
             known['fixes'] = [Fix.from_dict(f) for f in known['fixes'] or []
                               if f.get('kind') in FIX_KINDS]
+        if 'ranks' in known:
+            known['ranks'] = [RankFinding.from_dict(r)
+                              for r in known['ranks'] or []]
         if known.get('kind') not in (None, ) + KINDS:
             known['kind'] = None
         return cls(**known)

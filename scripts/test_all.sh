@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: both legs at the same time, each on its own core.
+# `make test` and `make test-zoo`: both legs at the same time, each on its
+# own core (the tier is the pytest args' -m selection).
 #
 # The legs are independent venvs and every test runs one torch thread, so on
 # 2 cores the suite takes as long as its slower leg.  Each leg writes its own
@@ -95,6 +96,13 @@ for leg in "${legs[@]}"; do
     closing=$(grep -E '^=+ .*(passed|failed|error|no tests ran).* =+$' "$logs/$leg.log" | tail -1)
     [ -n "$closing" ] || closing=$(tail -1 "$logs/$leg.log")
     echo "[test] $leg: exit ${rc[$leg]} in ${took[$leg]} s: $closing"
+    # A selection that left nothing to run but skips exits 0: a tier that ran
+    # no test has proved nothing (a leg skipped by design said so loudly).
+    if [ "${rc[$leg]}" -eq 0 ] && ! echo "$closing" | grep -qE '[0-9]+ passed' &&
+            ! grep -q '] SKIPPED: ' "$logs/$leg.log"; then
+        echo "[test] FAILED: the $leg leg passed no test ($*)" >&2
+        status=1
+    fi
 done
 [ "$status" -eq 0 ] || echo "[test] FAILED: see the failing leg's output above" >&2
 exit "$status"

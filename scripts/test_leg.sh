@@ -16,4 +16,6 @@ fi
 echo "[test $leg] $("$venv/bin/python" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__)')"
 # The leg's own stack must import (tests/conftest.py fails the run otherwise).
 export MMNANHOOK_LEG_REQUIRES=$requires
+# Tests marked everyday_leg(...) are in this leg's make test only where named.
+export MMNANHOOK_LEG=$leg
 exec "$venv/bin/python" -m pytest "$@"

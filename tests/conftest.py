@@ -48,7 +48,24 @@ def _required():
     return [n for n in names.split(',') if n]
 
 
+def _tiers(items):
+    """A test marked ``everyday_leg(...)`` runs in ``make test`` on the legs
+    it names and in ``make test-zoo`` on the others: one test per mechanism
+    in the everyday tier, each leg's everyday share within its core, every
+    test still run on every leg by the two tiers together."""
+    leg = os.environ.get('MMNANHOOK_LEG')
+    if not leg:  # a plain pytest, outside the tiers: everything is everyday
+        return
+    for item in items:
+        marker = item.get_closest_marker('everyday_leg')
+        if marker is not None and leg not in marker.args:
+            item.add_marker(pytest.mark.zoo_full)
+
+
+# First: the markers added here must be in place before ``-m`` deselects.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    _tiers(items)
     errors = {name: _import_error(name) for name in _SKIP_REASONS}
     broken = [name for name in _required()
               if errors.get(name, 'not a marker of tests/conftest.py')]

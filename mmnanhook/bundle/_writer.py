@@ -244,8 +244,8 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
 
     tmp = None
     try:
-        if not osp.isdir(dump_dir):
-            os.makedirs(dump_dir)
+        # Every rank of a DDP run may create it at the same moment.
+        os.makedirs(dump_dir, exist_ok=True)
         _remove_stale_tmp_dirs(dump_dir, log)
         tmp = tempfile.mkdtemp(
             prefix='{}{}.{}.'.format(_TMP_PREFIX, os.getpid(), _host()),

@@ -13,6 +13,10 @@
 * :mod:`._fixes`: the iteration replayed with each fix the findings suggest.
 * :mod:`._pipeline`: a sample through the train pipeline again, with a fix.
 * :mod:`._incident`: on a trigger in training, the diagnosis and the bundle.
+* :mod:`._micro`: which micro-step of an accumulated step made a gradient
+  fault.
+* :mod:`._local`: under DDP, replays on one rank alone (SyncBN made local).
+* :mod:`._composed`: a composed (Mosaic) sample's input traced to its part.
 """
 from ._data import (angle_range_from_config, annotation_of, annotations,
                     batch_size, check_batch, check_boxes, declared_size,
@@ -20,13 +24,16 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
 from ._diagnose import diagnose
 from ._divergence import apply_divergence, divergence_evidence
 from ._incident import default_dump_dir, handle_incident
+from ._local import communicating_modules, local_replays
+from ._micro import locate_micro_step
 from ._pipeline import TrainPipeline, train_pipeline
 from ._state_scan import largest_param
 
 __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
-    'divergence_evidence', 'declared_size', 'declared_sizes', 'default_dump_dir', 'diagnose',
-    'handle_incident', 'largest_param', 'split_batch', 'TrainPipeline',
-    'train_pipeline'
+    'communicating_modules', 'divergence_evidence', 'declared_size',
+    'declared_sizes', 'default_dump_dir', 'diagnose', 'handle_incident',
+    'largest_param', 'local_replays', 'locate_micro_step', 'split_batch',
+    'TrainPipeline', 'train_pipeline'
 ]

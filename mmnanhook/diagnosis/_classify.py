@@ -47,7 +47,10 @@ def classify(report, main):
     if report.optimizer_state:
         return 'optimizer_state'
     if main.error is not None:
-        return 'exception'
+        # A forward that raised on a sample with non-finite inputs or
+        # targets (SimOTA's binary_cross_entropy on NaN scores): the sample
+        # is the cause, the exception its symptom.
+        return 'data' if report.samples else 'exception'
     if not main.nonfinite:
         return 'not_reproduced'
     if report.overflow is not None:
@@ -61,7 +64,7 @@ def classify(report, main):
 
 def fill_location(report, main, watch):
     kind = report.kind
-    if kind == 'exception':
+    if kind == 'exception' or (kind == 'data' and main.error is not None):
         _explain_exception(report, main, watch)
     elif kind != 'not_reproduced':
         detail = report.forward

@@ -22,7 +22,8 @@ import torch
 from .._batch import batch_size, split_batch  # noqa: F401 - re-exported
 from .._boxes import as_box_tensor, rbox_corners
 from .._format import format_value
-from ..records import DataProblem, ProblemCategory, SampleFinding
+from ..records import (NONFINITE_DATA, DataProblem, ProblemCategory,
+                       SampleFinding)
 from ._tensors import count_nonfinite, iter_tensors
 
 # Smallest box side in pixels that is not degenerate.  Only sides this close
@@ -220,6 +221,15 @@ def _nonfinite_problem(tensor, what):
     return DataProblem(ProblemCategory.NONFINITE_INPUT,
                        '{} has {} NaN and {} Inf values'.format(what, nan,
                                                                 inf))
+
+
+def nonfinite_data(findings):
+    """The findings of the samples whose inputs or targets are not finite.
+
+    Args:
+        findings (list[SampleFinding]): :func:`check_batch`'s answer.
+    """
+    return [f for f in findings if f.categories.intersection(NONFINITE_DATA)]
 
 
 def _per_sample_inputs(inputs, n):

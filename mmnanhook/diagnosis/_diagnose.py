@@ -32,7 +32,7 @@ from .._log import log as _log
 from ..records import SampleFinding
 from ..report import finalize, new_report
 from ._classify import classify, fill_location
-from ._data import batch_size, check_batch, split_batch
+from ._data import batch_size, check_batch, nonfinite_data, split_batch
 from ._fixes import verify_fixes
 from ._forward import ForwardWatch, LineLocator
 from ._session import ReplaySession, device_type, display_name, \
@@ -138,7 +138,7 @@ def _implicated_samples(session, report, main, check_samples, log):
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
              logger=None, anomaly=True, declared=None, pipeline=None,
-             sources=None, retry=True):
+             sources=None, retry=True, drop_refused=None, composed=None):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -172,6 +172,12 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             as the dataset gives it (its ``img_path`` readable here).
         retry (bool): Replay a finite replay once more (not for a finite
             spike, which no replay turns non-finite).
+        drop_refused (str, optional): Why ``policy='drop'`` only skips in
+            the run (:func:`~mmnanhook.sentinel.drop_unavailable`): the
+            fixes then do not advise it.
+        composed (callable, optional): ``(findings, data_batch)``: traces
+            composed samples' findings to their parts
+            (:func:`._composed.trace_parts`).
 
     Returns:
         dict: The report (see :func:`mmnanhook.report.new_report`), with
@@ -195,6 +201,8 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             'float32 only'.format(report.amp_dtype, device,
                                   torch.__version__))
     samples = check_batch(data_batch, angle_range, declared=declared)
+    if composed is not None:
+        composed(samples, data_batch)
     report.batch_problems = [s for s in samples if s.problems]
     scan_state(report, model, optimizer_state)
     with preserved_rng(), torch.enable_grad(), \
@@ -236,12 +244,15 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
                                              check_samples, log)]
         elif main.error is None and retry:
             _replay_again(session, report, log)
+        elif main.error is not None and main.error['phase'] == 'forward':
+            report.samples = nonfinite_data(samples)
         report.kind = classify(report, main)
         fill_location(report, main, watch)
         log('mmnanhook: replaying the failing iteration with each fix')
         fixes_start = time.time()
         report.fixes = verify_fixes(
-            report, session, pipeline, sources, declared, angle_range, fp32)
+            report, session, pipeline, sources, declared, angle_range, fp32,
+            drop_refused)
         report.fixes_s = time.time() - fixes_start
     report.elapsed_s = time.time() - start
     return finalize(report)

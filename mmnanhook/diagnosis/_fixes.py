@@ -224,9 +224,10 @@ def _declared_size_fixes(findings, session, resampler, declared):
     return fixes
 
 
-def _drop_fix(report, session):
+def _drop_fix(report, session, refused):
     """The batch without the implicated samples (those with data problems
-    when nothing was replayed one by one, e.g. beside non-finite weights)."""
+    when nothing was replayed one by one, e.g. beside non-finite weights);
+    ``refused``: why ``policy='drop'`` would only skip in this run."""
     indices = sorted(set(s.index for s in report.samples))
     if not indices:
         return None
@@ -235,7 +236,10 @@ def _drop_fix(report, session):
     dropped, _ = samples_to_drop(
         dict(kind=report.kind.value, samples=[dict(index=i)
                                               for i in indices]), n)
-    if dropped == indices:
+    if dropped == indices and refused:
+        text += ": `NanDetectHook(policy='drop')` would only skip the step " \
+            'here ({})'.format(refused)
+    elif dropped == indices:
         text += ": `NanDetectHook(policy='drop')` does it and quarantines them"
     if not n or len(indices) >= n:
         return Fix(FixKind.DROP_SAMPLES, text, None, None,
@@ -338,7 +342,8 @@ def no_fix(report, tried=False):
 
 
 def verify_fixes(report, session, pipeline=None, sources=None,
-                 declared=None, angle_range=None, fp32=None):
+                 declared=None, angle_range=None, fp32=None,
+                 drop_refused=None):
     """Replay the failing iteration with each fix the findings suggest.
 
     Args:
@@ -351,6 +356,8 @@ def verify_fixes(report, session, pipeline=None, sources=None,
             height)`` its annotation declares, or ``None``.
         angle_range (tuple, optional): Allowed rotated-box angles.
         fp32 (ReplayResult, optional): The float32 replay of an AMP run.
+        drop_refused (str, optional): Why ``policy='drop'`` only skips in
+            the run: the fix leaving samples out then does not advise it.
 
     Returns:
         list[Fix]: One per fix; when none is verified, last, a
@@ -360,7 +367,7 @@ def verify_fixes(report, session, pipeline=None, sources=None,
     if fp32 is not None:
         fixes.append(fp32_fix(report, fp32))
     # Not for an AMP overflow: the samples only exceed the dtype's range.
-    drop = _drop_fix(report, session) if report.kind not in (
+    drop = _drop_fix(report, session, drop_refused) if report.kind not in (
         'not_reproduced', 'exception', 'overflow') else None
     if drop is not None:
         fixes.append(drop)

@@ -1,6 +1,7 @@
 """Tier 2 of a trigger: replay and diagnose the failing iteration, then write
 its bundle.  Runs inside the update step, before the policy acts, so the
 parameters and optimizer state are still those before the failing step."""
+import contextlib
 import functools
 import json
 import logging
@@ -17,10 +18,12 @@ from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       sample_image_name, sample_info_name, to_strict_json,
                       write_bundle)
 from ..records import Report, Trigger
-from ..report import finalize, format_report, render_html, sample_pictures
-
-from ..sentinel import restore_rng
+from ..report import (cross_rank, finalize, format_report, render_html,
+                      sample_pictures)
+from ..sentinel import (drop_unavailable, members, raised_by_nonfinite,
+                        rank_finding, restore_rng)
 from ._data import angle_range_from_config, annotations, declared_sizes
+from ._composed import trace_parts
 from ._diagnose import diagnose
 from ._pipeline import image_too_large, train_pipeline
 from ._divergence import apply_divergence, weight_evidence
@@ -80,7 +83,8 @@ def _sample_files(report, infos):
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     dump_dir, max_dumps, replay, dump_optimizer,
                     anomaly=True, divergence=None, start_weight=None,
-                    level=logging.ERROR, rewind=None):
+                    level=logging.ERROR, rewind=None, replays=None,
+                    exchange=None):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -104,6 +108,12 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             training.
         rewind (RewindOptions, optional): The policy goes back to a snapshot
             and lowers the LR: the steps after it test that fix.
+        replays (callable, optional): Under DDP, a context manager
+            (:func:`~._local.local_replays`) the replays run in, on this
+            rank alone; the report says what it made local.
+        exchange (Exchange, optional): Under DDP, gathers every rank's
+            finding once the diagnosis is done: the report then names the
+            culprit rank and sample, on every rank.
 
     Returns:
         dict: ``bundle`` (path or None), ``summary``, ``report``, and
@@ -119,16 +129,22 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     infos = dict((i, json.loads(json.dumps(to_strict_json(info))))
                  for i, info in infos.items())
     declared = declared_sizes(found)
+    scope = None
     if replay:
         try:
-            report = diagnose(
-                model, data_batch,
-                restore_rng=functools.partial(restore_rng, rng_state),
-                amp_dtype=amp_dtype,
-                angle_range=angle_range_from_config(runner.cfg),
-                optimizer_state=optim_state, anomaly=anomaly,
-                declared=declared, pipeline=train_pipeline(runner.cfg),
-                sources=infos, retry=event.trigger != Trigger.SPIKE)
+            with (replays or contextlib.nullcontext)() as scope:
+                report = diagnose(
+                    model, data_batch,
+                    restore_rng=functools.partial(restore_rng, rng_state),
+                    amp_dtype=amp_dtype,
+                    angle_range=angle_range_from_config(runner.cfg),
+                    optimizer_state=optim_state, anomaly=anomaly,
+                    declared=declared, pipeline=train_pipeline(runner.cfg),
+                    sources=infos, retry=event.trigger != Trigger.SPIKE,
+                    drop_refused=drop_unavailable(
+                        len(members(runner.optim_wrapper))),
+                    composed=functools.partial(
+                        trace_parts, dataset=runner.train_dataloader.dataset))
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logging.ERROR)
@@ -144,6 +160,17 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         rewind = dict(lr_factor=rewind.lr_factor, cooldown=rewind.cooldown)
     if apply_divergence(report, divergence, rewind):
         finalize(report)
+    local = scope.describe() if scope is not None else None
+    if local:
+        report.local_modules = list(scope.modules)
+        report.notes.append(local)
+    if exchange is not None:
+        cross_rank(report, exchange(rank_finding(
+            event.rank, report if replay else None, data_batch,
+            event.fail_iter, raises=event.trigger == Trigger.EXCEPTION
+            and event.rank in event.bad_ranks and not raised_by_nonfinite(
+                report.kind, report.forward))),
+            event.rank)
     text = format_report(report)
     log(text, level)
     path = None

@@ -1,9 +1,7 @@
 """What a replay changes and must give back: RNG states, model state."""
 import contextlib
 
-import torch
-
-from ..sentinel import capture_rng, restore_rng
+from ..sentinel import BufferSnapshot, capture_rng, restore_rng
 
 @contextlib.contextmanager
 def preserved_rng():
@@ -34,22 +32,14 @@ class PreservedModelState(object):
 
     def __enter__(self):
         self._grads = [(p, p.grad) for p in self.model.parameters()]
-        self._buffers = []
-        for module in self.model.modules():
-            for name, buf in module._buffers.items():
-                if buf is not None:
-                    self._buffers.append(
-                        (module, name, buf, buf.detach().clone()))
+        self._buffers = BufferSnapshot(self.model)
         return self
 
     def reset(self):
         """Gradients to ``None`` and buffers to their saved values."""
         for param, _ in self._grads:
             param.grad = None
-        with torch.no_grad():
-            for module, name, buf, saved in self._buffers:
-                module._buffers[name] = buf
-                buf.copy_(saved)
+        self._buffers.restore()
 
     def __exit__(self, *exc_info):
         self.reset()

@@ -3,7 +3,12 @@
 * :mod:`._file`: ``nan_quarantine.json``, its records and atomic writes.
 * :mod:`._sampler`: :class:`QuarantineSampler`, a good index in place of a
   quarantined one, in the main process (worker processes included).
-* :mod:`._list`: :class:`Quarantine`, one run's list, read back on resume.
+* :mod:`._stream`: the index stream of a dataloader iterator already
+  running (``IterBasedTrainLoop``'s) wrapped the same way.
+* :mod:`._inflight`: a quarantined sample left out of a batch sampled
+  before the decision, before the forward.
+* :mod:`._list`: :class:`Quarantine`, one run's list, read back on resume,
+  keyed by file.
 """
 from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
                     read_quarantine, write_quarantine)

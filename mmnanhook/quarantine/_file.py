@@ -11,12 +11,19 @@ hold it more than once), why it was quarantined, and where::
 
 ``mmnan scan CONFIG --quarantine OUT`` writes the same format (``source``
 ``"scan"``), so a reviewed list can start a run (``quarantine=PATH``).
-Written atomically (a temporary file renamed over the old one).
+Written atomically (a temporary file renamed over the old one), readable
+as the rest of the work dir (its mode from the umask). A fresh run never
+overwrites an earlier run's list: it is kept beside it (:func:`keep_previous`).
 """
 import json
+import logging
 import os
 import os.path as osp
 import tempfile
+import time
+import uuid
+
+from .._log import log
 
 FORMAT = 'mmnanhook-quarantine'
 VERSION = 1
@@ -123,9 +130,11 @@ def write_quarantine(path, samples):
     """
     data = dict(format=FORMAT, version=VERSION,
                 samples=[s.to_dict() for s in samples])
-    directory = osp.dirname(osp.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix='.' + osp.basename(path) + '.',
-                               dir=directory)
+    tmp = osp.join(osp.dirname(osp.abspath(path)), '.%s.%s' % (
+        osp.basename(path), uuid.uuid4().hex))
+    # Not mkstemp: its 0600 would hide the list from whoever reads the work
+    # dir (a reviewer, another account's job).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, 'w') as f:
             json.dump(data, f, indent=1)
@@ -137,6 +146,32 @@ def write_quarantine(path, samples):
         if osp.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def keep_previous(path):
+    """Move an earlier run's list at ``path`` aside, named by when that run
+    wrote it (``nan_quarantine.20260102_030405.json``), and say so.
+
+    Returns:
+        str | None: Where it is now; ``None`` when there was none.
+    """
+    try:
+        stamp = time.strftime('%Y%m%d_%H%M%S',
+                              time.localtime(os.stat(path).st_mtime))
+    except OSError:
+        return None
+    stem, ext = osp.splitext(path)
+    kept, n = '%s.%s%s' % (stem, stamp, ext), 1
+    while osp.exists(kept):
+        kept, n = '%s.%s_%d%s' % (stem, stamp, n, ext), n + 1
+    try:
+        os.replace(path, kept)
+    except OSError:
+        # Another rank of the run moved it first.
+        return None
+    log('mmnanhook: %s is the list of an earlier run (this one does not '
+        'resume it): kept as %s' % (path, kept), logging.WARNING)
+    return kept
 
 
 def check_writable(path):

@@ -1,52 +1,94 @@
-"""The quarantine of one run: what it holds, where it is written, and the
-sampler that keeps its samples out of the dataloader."""
+"""The quarantine of one run: what it holds, where it is written, and what
+keeps its samples out of the dataloader (its sampler, the index stream of an
+iterator already running, the batches in flight)."""
+import functools
 import logging
 import os.path as osp
 
 from .._log import log
-from ._file import (FILE_NAME, QuarantinedSample, check_writable,
-                    read_quarantine, write_quarantine)
-from ._sampler import install_sampler
+from ._file import (FILE_NAME, QuarantinedSample, QuarantineError,
+                    check_writable, keep_previous, read_quarantine,
+                    write_quarantine)
+from ._composed import guard_composed
+from ._inflight import replace_data, without_files
+from ._sampler import Substitutes, install_sampler
+from ._stream import install_stream
+from ._workers import hand_over, stale_iterators
 
 
 def _img_path(dataset, index):
-    info = dataset.get_data_info(index)
+    # A plain torch Dataset names no files: nothing to key by.
+    get_info = getattr(dataset, 'get_data_info', None)
+    info = get_info(index) if get_info is not None else None
     return info.get('img_path') if isinstance(info, dict) else None
 
 
 class Quarantine(object):
     """The samples a run never loads again.
 
+    A listed sample with a file is keyed by it: its indices are those of
+    the train dataset that load the file now (an edited annotation file
+    shifts them); one without a file keeps its indices.
+
     Args:
         path (str): Where the list is written (``nan_quarantine.json``).
         dataset: The train dataset (the dataloader's, in this process).
         samples (list[QuarantinedSample]): The list to start from.
+        writes (bool): Whether this process writes the list (under DDP the
+            first rank of each node does; every rank holds it).
+
+    Attributes:
+        blocked (set[int]): The dataset indices never loaded again.
+        files (set[str]): The quarantined image files.
+        gone (list[str]): Listed files no index of the dataset loads.
+        removed (int): Samples left out of batches in flight.
     """
 
-    def __init__(self, path, dataset, samples=()):
+    def __init__(self, path, dataset, samples=(), writes=True):
         self.path = path
         self.dataset = dataset
-        self.samples = list(samples)
-        self.blocked = set(i for s in self.samples for i in s.indices)
-        self._files = None
-        self._remove = None
+        self.writes = writes
+        self.samples = []
+        self.blocked = set()
+        self.files = set()
+        self.gone = []
+        self.removed = 0
+        self._by_file = None
+        self._remove = ()
+        self._composed = None
+        self._hand_over = None
+        for sample in samples:
+            if sample.file is None:
+                self.samples.append(sample)
+                self.blocked.update(sample.indices)
+            elif sample.file not in self.files:
+                self.samples.append(sample)
+                self.files.add(sample.file)
+                indices = self.indices_of(sample.file)
+                if indices:
+                    sample.indices = indices
+                    self.blocked.update(indices)
+                else:
+                    self.gone.append(sample.file)
 
     @classmethod
-    def start(cls, path, dataset, reviewed=None, resume=False):
+    def start(cls, path, dataset, reviewed=None, resume=False, writes=True):
         """The quarantine a run starts with.
 
         Args:
             path (str): Where the run's list is written; read back when
-                ``resume`` and it exists.
+                ``resume`` and it exists, else an earlier run's list there
+                is moved aside (:func:`keep_previous`).
             dataset: The train dataset.
             reviewed (str, optional): A list a user reviewed
                 (``quarantine=PATH``).
             resume (bool): Whether the run resumes (``resume=True``).
+            writes (bool): Whether this process writes the list.
 
         Raises:
             QuarantineError: Naming the file: unreadable, not a quarantine
-                list, an index outside ``dataset``, or ``path`` not
-                writable.
+                list, an index outside ``dataset`` for a sample without a
+                file, or ``path`` not writable.
         """
         check_writable(path)
         samples = []
@@ -54,34 +96,92 @@ class Quarantine(object):
         if resume and osp.exists(path) and path not in sources:
             sources.append(path)
         for source in sources:
-            samples.extend(read_quarantine(source, len(dataset)))
-        return cls(path, dataset, samples)
+            listed = read_quarantine(source)
+            for n, sample in enumerate(listed):
+                bad = [i for i in sample.indices if i >= len(dataset)]
+                if sample.file is None and bad:
+                    raise QuarantineError(
+                        'quarantine file %s: sample #%d names index %d, '
+                        'outside the train dataset (%d samples)' % (
+                            source, n, bad[0], len(dataset)))
+            samples.extend(listed)
+        if not resume and writes:
+            keep_previous(path)
+        return cls(path, dataset, samples, writes)
 
-    def install(self, loader, seed=0):
-        """Keep the quarantined samples out of ``loader`` from now on (or
-        say why that cannot be: the list is still written)."""
+    def install(self, runner, seed=0):
+        """Keep the quarantined samples out of ``runner``'s train dataloader
+        from now on: its sampler, and the iterators already running (or say
+        what cannot be: batches in flight are still cleared by
+        :meth:`admit`, and the list is still written)."""
+        loader = runner.train_dataloader
+        substitute = Substitutes(self.blocked, len(loader.dataset), seed)
+        self._remove = []
         try:
-            self._remove = install_sampler(loader, self.blocked, seed)
+            self._remove.append(install_sampler(loader, substitute))
         except TypeError as error:
-            log('mmnanhook: quarantined samples cannot be kept out of this '
-                'dataloader: %s' % error, logging.WARNING)
+            log('mmnanhook: quarantined samples cannot be kept out of the '
+                'index batches of this dataloader once its iterator '
+                'restarts: %s; they are left out of the batches that hold '
+                'them instead' % error, logging.WARNING)
+        # Before the workers fork: they inherit the bound transforms.
+        self._composed = guard_composed(runner, self.files)
+        self._remove.append(self._composed.remove)
+        self._remove.append(install_stream(runner, substitute))
+        # Workers forked before the guard are replaced at the first
+        # quarantine (at once for a reviewed list).
+        stale = stale_iterators(runner) if self._composed.bound else []
+        self._hand_over = functools.partial(hand_over, runner, stale) \
+            if stale else None
+        if self.files:
+            self._replace_workers()
+
+    def _replace_workers(self):
+        if self._hand_over is not None:
+            self._hand_over()
+            self._hand_over = None
 
     def remove(self):
-        """Put the loader's own sampler back."""
-        if self._remove is not None:
-            self._remove()
-            self._remove = None
+        """Put the loader's own sampler and index streams back."""
+        for remove in reversed(self._remove):
+            remove()
+        self._remove = ()
+
+    def admit(self, runner, args, kwargs):
+        """``train_step``'s arguments without the quarantined samples of its
+        batch (sampled before they were quarantined: in flight).
+
+        Returns:
+            tuple: ``(args, kwargs)``; ``(None, None)`` when no sample of the
+            batch is left (the step is not taken).
+        """
+        batch, removed = without_files(
+            args[0] if args else kwargs.get('data'), self.files)
+        if not removed:
+            return args, kwargs
+        self.removed += len(removed)
+        runner.message_hub.update_scalar('train/quarantine_removed',
+                                         self.removed)
+        runner.logger.warning(
+            'mmnanhook: iter %d: %s left out of the batch, quarantined after '
+            'the batch was sampled (in flight)%s' % (
+                runner.iter, ', '.join(removed), '' if batch is not None else
+                '; no sample is left: the step is not taken'))
+        if batch is None:
+            return None, None
+        return replace_data(args, kwargs, batch)
 
     def indices_of(self, file):
         """Every index of the train dataset that loads ``file``."""
-        if self._files is None:
-            # Once per run, on the first quarantined sample: the dataset
-            # wrappers (Repeat, Concat, ClassBalanced) map indices themselves.
-            self._files = {}
+        if self._by_file is None:
+            # Once per run, at the first listed or quarantined file: the
+            # dataset wrappers (Repeat, Concat, ClassBalanced) map indices
+            # themselves.
+            self._by_file = {}
             for index in range(len(self.dataset)):
-                self._files.setdefault(_img_path(self.dataset, index),
-                                       []).append(index)
-        return list(self._files.get(file) or [])
+                self._by_file.setdefault(_img_path(self.dataset, index),
+                                         []).append(index)
+        return list(self._by_file.get(file) or [])
 
     def add(self, file, reason, **where):
         """Quarantine the sample of ``file``.
@@ -95,14 +195,18 @@ class Quarantine(object):
             QuarantinedSample | None: The new entry; ``None`` when the file
             is already quarantined or no dataset index loads it.
         """
-        if any(s.file == file for s in self.samples):
+        if file in self.files:
             return None
         indices = self.indices_of(file)
         if not indices:
             return None
         sample = QuarantinedSample(indices, file, reason, **where)
         self.samples.append(sample)
+        self.files.add(file)
         self.blocked.update(indices)
+        if self._composed is not None:
+            self._composed.block(file)
+            self._replace_workers()
         return sample
 
     def add_found(self, samples, **where):
@@ -110,7 +214,7 @@ class Quarantine(object):
 
         Args:
             samples (list[dict]): ``report.json`` sample findings: their
-                ``img_path`` and ``problems``.
+                ``img_path`` and ``problems`` (and ``rank``, under DDP).
             **where: As :meth:`add`.
 
         Returns:
@@ -123,9 +227,12 @@ class Quarantine(object):
             file = finding.get('img_path')
             reason = '; '.join(finding.get('problems') or []) or \
                 'fails on its own in the replay'
-            if any(s.file == file for s in self.samples):
+            if file in self.files:
                 continue
-            sample = self.add(file, reason, **where) if file else None
+            # Under DDP a finding names the rank whose batch held it.
+            sample = self.add(file, reason, **dict(
+                where, rank=finding.get('rank', where.get('rank')))) \
+                if file else None
             (added if sample is not None else unknown).append(
                 sample if sample is not None else finding)
         return added, unknown
@@ -152,7 +259,8 @@ class Quarantine(object):
             return
         try:
             self.save()
-            where = 'listed in %s' % self.path
+            where = 'listed in %s' % self.path if self.writes else \
+                'listed by the first rank of this node'
         except OSError as error:
             where = 'NOT written to %s (%s): quarantined in this run only' % (
                 self.path, error)
@@ -169,10 +277,11 @@ class Quarantine(object):
             OSError: It could not be written (the samples stay quarantined
                 in this run).
         """
-        write_quarantine(self.path, self.samples)
+        if self.writes:
+            write_quarantine(self.path, self.samples)
 
 
-def start_quarantine(runner, reviewed=None, path=None):
+def start_quarantine(runner, reviewed=None, path=None, writes=True):
     """The quarantine of ``runner``'s training, installed in its dataloader.
 
     Args:
@@ -180,6 +289,8 @@ def start_quarantine(runner, reviewed=None, path=None):
         reviewed (str, optional): A list to start from (``quarantine=``).
         path (str, optional): Where the run's list is written; defaults to
             ``{work_dir}/nan_quarantine.json`` (read back on resume).
+        writes (bool): Whether this process writes it (DDP: the first rank
+            of each node).
 
     Raises:
         QuarantineError: Naming the file.
@@ -189,7 +300,11 @@ def start_quarantine(runner, reviewed=None, path=None):
     loader = runner.train_dataloader
     quarantine = Quarantine.start(
         path, loader.dataset, reviewed,
-        resume=bool(getattr(runner, '_resume', False)))
+        resume=bool(getattr(runner, '_resume', False)), writes=writes)
+    for file in quarantine.gone:
+        runner.logger.warning(
+            'mmnanhook: quarantined %s is no longer in the train dataset: '
+            'nothing of it to block (kept in the list)' % file)
     rank, _ = get_dist_info()
-    quarantine.install(loader, seed=(runner.seed or 0) + rank)
+    quarantine.install(runner, seed=(runner.seed or 0) + rank)
     return quarantine

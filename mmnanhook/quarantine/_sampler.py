@@ -6,38 +6,33 @@ load the indices they are sent). :class:`QuarantineSampler` wraps the
 sampler the batch sampler draws from (``DefaultSampler``,
 ``InfiniteSampler``; under a ``BatchSampler`` or mmdet's
 ``AspectRatioBatchSampler``) and gives another, good index in place of a
-quarantined one, drawn at random from a generator seeded by the run's seed
-and rank. Batch sizes, iterations per epoch and so the LR schedule stay what
-they would have been.
+quarantined one (:class:`Substitutes`: drawn at random from a generator
+seeded by the run's seed and rank, shared with :mod:`._stream`). Batch
+sizes, iterations per epoch and so the LR schedule stay what they would have
+been.
 """
 import random
 
 
-class QuarantineSampler(object):
-    """A sampler that never yields a quarantined index.
+class Substitutes(object):
+    """A good index in place of a quarantined one.
 
     Args:
-        sampler: The sampler it wraps (every other attribute is its own:
-            ``dataset``, ``set_epoch``, ...).
         blocked (set[int]): The quarantined indices; read at every index,
             so indices quarantined later are replaced from then on.
         length (int): Length of the dataset indices are drawn from.
         seed (int): Seed of the substitutes' generator.
     """
 
-    def __init__(self, sampler, blocked, length, seed=0):
-        self.sampler = sampler
+    def __init__(self, blocked, length, seed=0):
         self.blocked = blocked
         self.length = length
         self._rng = random.Random(seed)
 
-    def __iter__(self):
-        for index in self.sampler:
-            if index in self.blocked:
-                index = self._substitute()
-            yield index
-
-    def _substitute(self):
+    def __call__(self, index):
+        """``index``, or a good one drawn at random when it is blocked."""
+        if index not in self.blocked:
+            return index
         if len(self.blocked) >= self.length:
             raise RuntimeError('mmnanhook: every sample of the train dataset '
                                'is quarantined')
@@ -46,17 +41,39 @@ class QuarantineSampler(object):
             if index not in self.blocked:
                 return index
 
+
+class QuarantineSampler(object):
+    """A sampler that never yields a quarantined index.
+
+    Args:
+        sampler: The sampler it wraps (every other attribute is its own:
+            ``dataset``, ``set_epoch``, ...).
+        substitute (Substitutes): Gives each index it yields.
+    """
+
+    def __init__(self, sampler, substitute):
+        self.sampler = sampler
+        self.substitute = substitute
+
+    def __iter__(self):
+        for index in self.sampler:
+            yield self.substitute(index)
+
     def __len__(self):
         return len(self.sampler)
 
     def __getattr__(self, name):
-        if name in ('sampler', 'blocked', 'length', '_rng'):
+        if name in ('sampler', 'substitute'):
             raise AttributeError(name)
         return getattr(self.sampler, name)
 
 
-def install_sampler(loader, blocked, seed=0):
+def install_sampler(loader, substitute):
     """Wrap ``loader``'s sampler in a :class:`QuarantineSampler`.
+
+    Args:
+        loader (DataLoader): The train dataloader.
+        substitute (Substitutes): The run's substitutes.
 
     Returns:
         callable: Puts the original sampler back.
@@ -70,7 +87,7 @@ def install_sampler(loader, blocked, seed=0):
     if sampler is None:
         raise TypeError('the train dataloader has no batch sampler drawing '
                         'indices from a sampler')
-    wrapped = QuarantineSampler(sampler, blocked, len(loader.dataset), seed)
+    wrapped = QuarantineSampler(sampler, substitute)
     batch_sampler.sampler = wrapped
 
     def remove():

@@ -8,15 +8,20 @@ one-line summary, its hints and its text.
 * :mod:`._html`: ``report.html``, self-contained.
 * :mod:`._visualizer`: the pictures and the report card to the MMEngine
   visualizer.
+* :mod:`._windows`: a spoilt micro-step's values out of the log windows.
+* :mod:`._ranks`: under DDP, the culprit rank and sample in every rank's
+  report.
 """
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
 from ._hints import keyed_hints
 from ._html import render_html
+from ._ranks import cross_rank
 from ._pictures import (Picture, finding_pictures, pipeline_image, report_card,
                         sample_pictures)
 from ._summary import summarize
 from ._text import format_report
 from ._visualizer import to_visualizer
+from ._windows import forget_nonfinite
 
 
 def new_report():
@@ -40,8 +45,8 @@ def finalize(report):
 
 
 __all__ = [
-    'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'finalize',
-    'finding_pictures', 'format_report', 'keyed_hints', 'new_report',
-    'pipeline_image', 'render_html', 'report_card', 'sample_pictures',
-    'summarize', 'to_visualizer'
+    'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'cross_rank', 'finalize',
+    'finding_pictures', 'forget_nonfinite', 'format_report', 'keyed_hints',
+    'new_report', 'pipeline_image', 'render_html', 'report_card',
+    'sample_pictures', 'summarize', 'to_visualizer'
 ]

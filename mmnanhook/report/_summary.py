@@ -50,6 +50,10 @@ def _nonfinite_kind(detail):
 
 
 def _symptom(report):
+    if report.exception:
+        # The forward raised on a sample's non-finite data (kind 'data').
+        return '{} raised in {}'.format(report.exception['type'],
+                                        report.exception['phase'])
     losses = _losses_text(report)
     if losses:
         return losses

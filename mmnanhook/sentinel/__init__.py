@@ -13,13 +13,19 @@
 * :mod:`._rewind`: snapshots of good states and going back to one.
 * :mod:`._drop`: ``policy='drop'``: which samples, and the step recomputed
   without them.
+* :mod:`._distributed`: under DDP, the vote after every forward and the
+  exchange of findings after a trigger: every rank takes the same path.
+* :mod:`._forward`: a train step whose forward raised.
 * :mod:`._steps`, :mod:`._rng`: the batch, RNG states and buffers kept per
   step for a replay.
 * :mod:`._history`: the per-iteration scalars kept for a bundle.
 """
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      answer_text, describe_losses, loss_terms)
-from ._drop import DropPlan, Dropper, samples_to_drop
+from ._distributed import (DropDecision, Exchange, PeerForwardFailed, Ranks,
+                           drop_decision, rank_finding, received)
+from ._drop import DropPlan, Dropper, drop_unavailable, samples_to_drop
+from ._forward import forward_failed, raised_by_nonfinite
 from ._guard import BypassGuard
 from ._history import FIELDS, History
 from ._norms import GradNorms, clip_grads_with_norm_
@@ -32,8 +38,8 @@ from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
                        install_nan_detect, members, sentinel_of)
 
 __all__ = [
-    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'DropPlan', 'Dropper',
-    'FIELDS',
+    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'DropDecision', 'DropPlan',
+    'Dropper', 'Exchange', 'FIELDS', 'PeerForwardFailed', 'Ranks',
     'GradNorms',
     'History', 'Listener', 'MicroStep', 'NanDetectAmpOptimWrapper',
     'NanDetectHandle', 'NanDetectOptimWrapper', 'Rewinder', 'SeriesBand',
@@ -41,7 +47,9 @@ __all__ = [
     'StepContext',
     'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
     'capture_rng',
-    'clip_grads_with_norm_', 'describe_losses', 'install_nan_detect',
+    'clip_grads_with_norm_', 'describe_losses', 'drop_decision',
+    'drop_unavailable', 'forward_failed', 'install_nan_detect',
+    'raised_by_nonfinite', 'rank_finding', 'received',
     'loss_terms', 'members', 'param_norms', 'restore_rng', 'samples_to_drop',
     'sentinel_of'
 ]

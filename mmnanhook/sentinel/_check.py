@@ -471,7 +471,8 @@ def _event(trigger, context, micro, bad_micro, bad_ranks, params, norms,
         world_size=world_size, bad_ranks=bad_ranks, losses=losses,
         nonfinite_losses=bad_losses, bad_loss_iters=bad_iters,
         grad_norm=grad_norm, nonfinite_grads=names,
-        nonfinite_grad_count=len(bad_grads), loss_scale=loss_scale)
+        nonfinite_grad_count=len(bad_grads), loss_scale=loss_scale,
+        shared=world_size > 1)
 
 
 def _spike_event(spikes, context, micro, grad_norm, loss_scale, rank,
@@ -488,4 +489,5 @@ def _spike_event(spikes, context, micro, grad_norm, loss_scale, rank,
     return NonFiniteEvent(
         Trigger.SPIKE, message, iter=context.iter, epoch=context.epoch,
         rank=rank, world_size=world_size, losses=losses, grad_norm=grad_norm,
-        loss_scale=loss_scale, spikes=[s.to_dict() for s in spikes])
+        loss_scale=loss_scale, spikes=[s.to_dict() for s in spikes],
+        shared=world_size > 1)

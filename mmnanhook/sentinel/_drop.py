@@ -11,6 +11,7 @@ original would have been. When no sample can be singled out, ``'drop'`` does
 what ``'skip'`` does and says why.
 """
 
+import contextlib
 import functools
 import logging
 
@@ -37,22 +38,51 @@ class DropPlan(object):
             the wrapper's ``optim_context``, through ``parse_losses``;
             returns the loss to give to ``backward``.
         undo (callable): Puts back what a forward wrote (BN running
-            statistics); called before the recompute, and after it when the
-            recomputed step is not applied either.
+            statistics): after the recompute when it is not applied either,
+            and before a train step taken again (:meth:`Dropper.again`).
+            The listener has put them back before its diagnosis, which the
+            recompute follows.
+        iter (int, optional): The iteration of the micro-step that failed.
+        dropped (int, optional): Samples left out on every rank together
+            (DDP); ``len(indices)`` by default.
+        empty (bool): This rank leaves its whole batch out (DDP): it takes
+            part with a zero loss.
+        factor (float): What the failing micro-step's loss is multiplied by
+            (:meth:`~._distributed.DropDecision.factor`).
     """
 
-    def __init__(self, indices, forwards, undo):
+    def __init__(self, indices, forwards, undo, iter=None, dropped=None,
+                 empty=False, factor=1.0):
         self.indices = list(indices)
         self.forwards = list(forwards)
         self.undo = undo
+        self.iter = iter
+        self.dropped = len(self.indices) if dropped is None else dropped
+        self.empty = empty
+        self.factor = factor
 
 
-def samples_to_drop(report, batch_size):
+def drop_unavailable(wrappers):
+    """Why ``'drop'`` can only do what ``'skip'`` does in this run, or
+    ``None``.
+
+    Args:
+        wrappers (int): Optim wrappers stepped (an ``OptimWrapperDict``'s
+            members).
+    """
+    if wrappers != 1:
+        return 'an OptimWrapperDict steps several optimizers'
+    return None
+
+
+def samples_to_drop(report, batch_size, whole=False):
     """The batch positions a drop leaves out, or why none can be.
 
     Args:
         report (dict): The trigger's ``report.json`` content.
         batch_size (int, optional): Samples in the failing batch.
+        whole (bool): Whether the whole batch may be left out (under DDP
+            the rank then takes part with a zero loss).
 
     Returns:
         tuple: ``(indices, None)``, or ``(None, reason)`` when ``'drop'``
@@ -60,7 +90,7 @@ def samples_to_drop(report, batch_size):
     """
     if not report:
         return None, 'no replay diagnosed the batch (replay=False)'
-    if not batch_size or batch_size < 2:
+    if not batch_size or (batch_size < 2 and not whole):
         return None, 'the batch holds a single sample'
     kind = (report or {}).get('kind')
     if kind not in _DATA_KINDS:
@@ -69,12 +99,13 @@ def samples_to_drop(report, batch_size):
                          if s.get('index') is not None))
     if not indices:
         return None, 'no sample of the batch fails on its own'
-    if len(indices) >= batch_size:
+    if len(indices) >= batch_size and not whole:
         return None, 'every sample of the batch fails on its own'
     return indices, None
 
 
-def model_forward(model, wrapper, batch, restore_rng, keep_outputs):
+def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
+                  factor=1.0):
     """A :class:`DropPlan` forward for an MMEngine model: what
     ``BaseModel.train_step`` does before ``update_params``.
 
@@ -86,6 +117,8 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs):
             the original forward.
         keep_outputs (callable): Given the recomputed ``log_vars``: what
             the train step returns instead of the failing forward's.
+        factor (float): The loss given to backward is multiplied by it
+            (:class:`~._distributed.DropDecision`'s ``factor``).
     """
     module = unwrap_model(model)
 
@@ -96,9 +129,67 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs):
             losses = model._run_forward(data, mode='loss')
         loss, log_vars = module.parse_losses(losses)
         keep_outputs(log_vars)
-        return loss
+        return loss * factor if factor != 1.0 else loss
 
     return forward
+
+
+def zero_forward(model, wrapper):
+    """A :class:`DropPlan` forward for a DDP rank whose whole batch is
+    left out: a zero loss that touches every trained parameter, through
+    DDP's own forward, so this rank takes part in its buffer broadcast and
+    gradient all-reduce with zero gradients (``find_unused_parameters``
+    finds them all used).
+
+    Args:
+        model (DistributedDataParallel): ``runner.model``.
+        wrapper (OptimWrapper): The optim wrapper of the step.
+    """
+    module = unwrap_model(model)
+
+    def zero(*args, **kwargs):
+        return sum((p * 0).sum() for p in module.parameters()
+                   if p.requires_grad)
+
+    def forward():
+        own = vars(module)
+        had, old = 'forward' in own, own.get('forward')
+        module.forward = zero
+        try:
+            with wrapper.optim_context(model):
+                return model()
+        finally:
+            if had:
+                module.forward = old
+            else:
+                del module.forward
+
+    return forward
+
+
+@contextlib.contextmanager
+def _scaled_losses(module, factor):
+    """``module.parse_losses`` giving its loss times ``factor`` while the
+    block runs (the logged terms unchanged)."""
+    if factor == 1.0:
+        yield
+        return
+    own = vars(module)
+    had, old = 'parse_losses' in own, own.get('parse_losses')
+    parse = module.parse_losses
+
+    def scaled(*args, **kwargs):
+        loss, log_vars = parse(*args, **kwargs)
+        return loss * factor, log_vars
+
+    module.parse_losses = scaled
+    try:
+        yield
+    finally:
+        if had:
+            module.parse_losses = old
+        else:
+            del module.parse_losses
 
 
 def _ignore(log_vars):
@@ -121,7 +212,7 @@ class Dropper(object):
         self._outputs = None
         self._found = None
 
-    def plan(self, event, report, steps, undo):
+    def plan(self, event, report, steps, undo, decision=None):
         """The :class:`DropPlan` of a trigger, or ``None`` (the step is then
         skipped; the log says why).
 
@@ -131,37 +222,109 @@ class Dropper(object):
             steps (list[tuple]): ``(iter, data_batch, rng_state)`` of every
                 micro-step since the last update step (``StepMemory``).
             undo (callable): Puts back what the failing forward wrote.
+            decision (DropDecision, optional): Under DDP, the drop every
+                rank takes (:func:`~._distributed.drop_decision`): this
+                rank's part of it, whatever its own report.
         """
-        kept = dict((i, (b, r)) for i, b, r in steps)
-        data_batch = kept.get(event.fail_iter, (None, None))[0]
-        n = batch_size(data_batch) if data_batch is not None else None
-        indices = None
-        if event.world_size > 1:
-            # Every rank decides alike, so none waits in a collective.
-            reason = 'not implemented under distributed training yet'
-        elif len(self.wrappers) != 1:
-            reason = 'an OptimWrapperDict steps several optimizers'
-        else:
-            indices, reason = samples_to_drop(report, n)
+        reason = drop_unavailable(len(self.wrappers))
+        if decision is None and reason is None:
+            fail = event.fail_iter
+            batch = dict((i, b) for i, b, _ in steps).get(fail)
+            indices, reason = samples_to_drop(
+                report, batch_size(batch) if batch is not None else None)
+        elif reason is None:
+            reason = decision.reason
         if reason is not None:
             self.log(logging.WARNING, "mmnanhook: policy 'drop': %s: the "
-                     'step is skipped' % reason)
+                     'step is skipped%s' % (reason, '' if decision is None
+                                             else ' on every rank'))
             return None
-        keep = [i for i in range(n) if i not in indices]
+        if decision is None:
+            self._found = [f for f in report['samples']
+                           if f['index'] in indices]
+            return self._plan(event, steps, undo, indices, fail)
+        rank = event.rank
+        self._found = decision.found
+        return self._plan(event, steps, undo, decision.indices(rank),
+                          decision.iter(rank, event.fail_iter),
+                          decision, decision.empty(rank))
+
+    def _plan(self, event, steps, undo, indices, fail, decision=None,
+              empty=False):
+        wrapper = self.wrappers[0]
+        if empty:
+            what = 'with a zero loss: every sample of its batch of iter %s ' \
+                'fails' % fail
+        elif indices:
+            what = 'without sample(s) %s of the batch of iter %s' % (
+                indices, fail)
+        else:
+            what = 'on its batch unchanged, as the other ranks drop theirs'
         self.log(logging.WARNING,
                  "mmnanhook: policy 'drop': recomputing the update step of "
-                 'iter %s without sample(s) %s of the batch of iter %s' %
-                 (event.iter, indices, event.fail_iter))
-        self._found = [f for f in report['samples'] if f['index'] in indices]
+                 'iter %s %s' % (event.iter, what))
         last = steps[-1][0]
-        forwards = [model_forward(
-            self.model, self.wrappers[0],
-            split_batch(batch, keep) if i == event.fail_iter else batch,
-            functools.partial(restore_rng, rng),
+        forwards = []
+        for i, batch, rng in steps:
             # What train_step returns is its own micro-step's log_vars.
-            self._keep if i == last else _ignore)
-            for i, batch, rng in steps]
-        return DropPlan(indices, forwards, undo)
+            keep = self._keep if i == last else _ignore
+            if empty and i == fail:
+                keep({})
+                forwards.append(zero_forward(self.model, wrapper))
+                continue
+            if i == fail and indices:
+                batch = split_batch(batch, [
+                    k for k in range(batch_size(batch)) if k not in indices])
+            forwards.append(model_forward(
+                self.model, wrapper, batch,
+                functools.partial(restore_rng, rng), keep,
+                decision.factor(i) if decision is not None else 1.0))
+        if decision is None:
+            return DropPlan(indices, forwards, undo, fail)
+        return DropPlan(indices, forwards, undo, fail, decision.dropped,
+                        empty, decision.factor(fail))
+
+    def again(self, plan, steps, train_step, sentinel):
+        """The train step of a forward that raised on its samples' data,
+        taken again without them (``policy='drop'``).
+
+        Nothing reached ``backward``, so no gradient of the failing
+        micro-step is to be taken back: the train step itself runs on the
+        reduced batch, from the RNG state before the failing forward, and
+        its update step is checked, applied and resolved as any other.
+        Under DDP every rank takes it again (its batch unchanged when it
+        drops nothing; a zero loss when it drops everything).
+
+        Args:
+            plan (DropPlan): The drop.
+            steps (list[tuple]): As :meth:`plan`'s.
+            train_step (callable): ``batch -> outputs``: the model's own
+                ``train_step`` with the loop's other arguments.
+            sentinel (WrapperSentinel): The optim wrapper's sentinel
+                (``train/samples_dropped``).
+
+        Returns:
+            dict: What the reduced train step returned.
+        """
+        batch, rng = dict((i, (b, r)) for i, b, r in steps)[plan.iter]
+        plan.undo()
+        restore_rng(rng)
+        skipped = sentinel.check.skipped
+        wrapper = self.wrappers[0]
+        if plan.empty:
+            outputs = {}
+            wrapper.update_params(zero_forward(self.model, wrapper)())
+        else:
+            if plan.indices:
+                batch = split_batch(batch, [i for i in range(
+                    batch_size(batch)) if i not in plan.indices])
+            with _scaled_losses(unwrap_model(self.model), plan.factor):
+                outputs = train_step(batch)
+        if sentinel.check.skipped == skipped:
+            sentinel.samples_dropped += plan.dropped
+            sentinel.hub.update_scalar('train/samples_dropped',
+                                       sentinel.samples_dropped)
+        return outputs
 
     def _keep(self, log_vars):
         self._outputs = log_vars

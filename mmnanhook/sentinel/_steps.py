@@ -50,17 +50,22 @@ class BufferSnapshot(object):
     """Copies of a module's buffers, to undo what one forward wrote.
 
     ``policy='skip'`` must also undo the BN running statistics the failing
-    forward updated; only that policy pays for the copy.
+    forward updated; only that policy pays for the copy. A forward may also
+    replace a buffer instead of writing it (torch < 1.8 BatchNorm assigns
+    ``num_batches_tracked + 1``): the original tensor is put back in place.
 
     Args:
         module (torch.nn.Module): Whose buffers to copy now.
     """
 
     def __init__(self, module):
-        self._saved = [(b, b.detach().clone()) for b in module.buffers()]
+        self._saved = [(m, name, b, b.detach().clone())
+                       for m in module.modules()
+                       for name, b in m._buffers.items() if b is not None]
 
     def restore(self):
         """Write the copies back."""
         with torch.no_grad():
-            for buffer, saved in self._saved:
+            for module, name, buffer, saved in self._saved:
+                module._buffers[name] = buffer
                 buffer.copy_(saved)

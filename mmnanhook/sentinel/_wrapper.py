@@ -156,8 +156,12 @@ class WrapperSentinel(object):
         self._shards = None
         # The DropPlan being recomputed (policy='drop'), while it is.
         self._dropping = None
-        # Samples dropped so far (train/samples_dropped).
+        # Samples dropped so far, on every rank (train/samples_dropped).
         self.samples_dropped = 0
+        # The ranks of a distributed run (sentinel._distributed.Ranks), set
+        # by the listener that catches a forward that raises: every backward
+        # waits for their vote.
+        self.ranks = None
 
     @property
     def options(self):
@@ -194,6 +198,10 @@ class WrapperSentinel(object):
             self._pending = None
 
     def backward(self, wrapper, prev, loss, **kwargs):
+        if self.ranks is not None:
+            # No rank enters DDP's gradient all-reduce while another rank's
+            # forward raised: that one would never come.
+            self.ranks.before_backward()
         pending, self._pending = self._pending, None
         reported, terms = pending if pending is not None else (loss, None)
         self.check.record(self.hub.get_info('iter'), reported, terms)
@@ -379,7 +387,8 @@ class WrapperSentinel(object):
             bool: Whether to apply the recomputed step.
         """
         wrapper.zero_grad()
-        plan.undo()
+        # (The listener put the buffers back before its diagnosis replayed
+        # the step: the recompute starts from them too.)
         self.check.forget()
         # backward() counts each micro-step again: the accumulation factor
         # (scale_loss) and should_update() must see the original counts.
@@ -388,7 +397,13 @@ class WrapperSentinel(object):
         try:
             for k, forward in enumerate(plan.forwards):
                 wrapper._inner_count = count - len(plan.forwards) + k
-                loss = forward()
+                try:
+                    loss = forward()
+                except Exception:
+                    if self.ranks is not None:
+                        # The other ranks wait in this backward's vote.
+                        self.ranks.vote(True)
+                    raise
                 terms = (self.listener.loss_terms(loss)
                          if self.listener is not None else None)
                 self._pending = (loss, terms)
@@ -414,7 +429,7 @@ class WrapperSentinel(object):
             self._dropping = None
         if applied:
             self.check.passed()
-            self.samples_dropped += len(plan.indices)
+            self.samples_dropped += plan.dropped
             self.hub.update_scalar('train/samples_dropped',
                                    self.samples_dropped)
         return applied
@@ -561,10 +576,8 @@ class _SelfChecking(object):
         options = CheckOptions(policy, max_skips, min_loss_scale,
                                max_overflow_skips, spike_policy, spike_window,
                                spike_warmup, spike_factor)
-        if options.rewinds:
-            raise ValueError(
-                "policy/spike_policy 'rewind' needs NanDetectHook, which "
-                'keeps the snapshots to go back to; configure the hook')
+        if options.needs_hook():
+            raise ValueError(options.needs_hook())
         super().__init__(*args, **kwargs)
         bind(self)
         vars(self)[ATTRIBUTE] = WrapperSentinel(options)

@@ -16,11 +16,15 @@ Scenarios:
 """
 import importlib.util
 import json
+import math
 import os
 import os.path as osp
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 # DefaultSampler(shuffle=False), 2 ranks, batch 2: rank r's iteration k holds
 # samples r + 2 * (2k + j), j < 2; sample 5 is on rank 1 in iteration 1.
@@ -47,26 +51,233 @@ def _nan_loss(out_dir):
     return result
 
 
-def _drop(out_dir):
-    """policy='drop' under DDP: not yet, so every rank skips alike."""
+def _toy_runner(out_dir, faults, hook, model=None, probe=None, ddp=None,
+                **kwargs):
+    from mmnanhook.testing.toy import make_runner
+    return make_runner(
+        out_dir, faults=faults, max_iters=4, model=model, probe=probe,
+        hook=dict(dict(type='NanDetectHook',
+                       dump_dir=osp.join(out_dir, 'dumps')), **hook),
+        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        cfg=dict(model_wrapper_cfg=dict(dict(
+            type='MMDistributedDataParallel', device_ids=None),
+            **(ddp or {}))), **kwargs)
+
+
+def rank_batch(rank, iter, world_size=2, batch=2):
+    """The samples of ``rank``'s batch in iteration ``iter``
+    (``DefaultSampler(shuffle=False)``)."""
+    return [rank + world_size * (batch * iter + j) for j in range(batch)]
+
+
+def by_hand(model, before, batches, shared_stats=False):
+    """The DDP update step of the toy model from the state ``before``
+    (parameters by name, optimizer state): each rank's batch (a list of
+    samples; empty for a rank that takes part with a zero loss) through the
+    model in train mode, its loss's gradient divided by the world size and
+    summed over the ranks as DDP's reducer does, then SGD with momentum.
+    The losses of the ranks with samples are multiplied by ``world size /
+    those ranks``, so that the mean is over them. ``shared_stats``: the
+    model's batch statistics are shared across the ranks (SyncBN): one
+    forward of every batch at once, each rank's loss from its rows.
+
+    Returns:
+        dict: Parameters after the step, by name.
+    """
+    import torch
+    world = len(batches)
+    model.load_state_dict(dict((k.replace('module.', '', 1), v)
+                               for k, v in before[0].items()), strict=False)
+    model.train()
+    present = [b for b in batches if b]
+    factor = float(world) / len(present)
+
+    def forward(samples):
+        return model(inputs=[s['inputs'] for s in samples],
+                     fault=[s['fault'] for s in samples], mode='tensor')
+
+    every = forward([s for b in present for s in b]) if shared_stats \
+        else None
+    grads, start = None, 0
+    for batch in batches:
+        if not batch:
+            continue
+        y = every[start:start + len(batch)] if shared_stats else \
+            forward(batch)
+        start += len(batch)
+        loss, _ = model.parse_losses(model.loss(
+            y, set(s['fault'] for s in batch if s['fault'])))
+        model.zero_grad()
+        (loss * factor if factor != 1.0 else loss).backward(
+            retain_graph=shared_stats)
+        mine = [p.grad / world for p in model.parameters()]
+        grads = mine if grads is None else [a + b for a, b in zip(grads,
+                                                                   mine)]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    optimizer.load_state_dict(before[1]['optimizer'] if 'optimizer' in
+                              before[1] else before[1])
+    for param, grad in zip(model.parameters(), grads):
+        param.grad = grad
+    optimizer.step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _weights(runner):
+    import torch
+    return torch.cat([p.detach().reshape(-1)
+                      for p in runner.model.parameters()]).tolist()
+
+
+def _drop_run(out_dir, faults, model_type=None, policy='drop',
+              shared_stats=False, ddp=None):
+    """``policy`` on the toy model, the faults on rank 1 in iteration
+    :data:`BAD_ITER`; rank 0 writes the hand recompute of that step."""
     import torch
 
-    from mmnanhook.testing.toy import log_text, make_runner
-    runner = make_runner(
-        out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
-        hook=dict(type='NanDetectHook', policy='drop',
-                  dump_dir=osp.join(out_dir, 'dumps')),
-        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
-        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
-                                        device_ids=None)))
+    from mmnanhook.testing.toy import Probe, ToyDataset, ToyModel, log_text
+    model_type = model_type or ToyModel
+    probe = Probe()
+    runner = _toy_runner(out_dir, faults, dict(policy=policy),
+                         model=model_type(), probe=probe, ddp=ddp,
+                         log_level='INFO')
+    captured = capture_replays(runner)
     runner.train()
     hub = runner.message_hub.log_scalars
-    weights = torch.cat([p.detach().reshape(-1)
-                         for p in runner.model.parameters()])
-    return dict(iter=runner.iter, skipped=int(
-        hub['train/nan_skipped'].current()), weights=weights.tolist(),
-        said="policy 'drop': not implemented under distributed training "
-        'yet: the step is skipped' in log_text(runner))
+    data = ToyDataset(16, faults)
+    dropped = [[i for i in rank_batch(r, BAD_ITER) if i in faults]
+               for r in range(2)]
+    kept = [[data[i] for i in rank_batch(r, BAD_ITER) if i not in faults]
+            for r in range(2)]
+    expected = by_hand(model_type(), probe.before[BAD_ITER], kept,
+                       shared_stats)
+    after = probe.after[BAD_ITER][0]
+    same = all(torch.equal(after[k], expected[k.replace('module.', '', 1)])
+               for k in after)
+    close = all(torch.allclose(after[k], expected[k.replace('module.', '',
+                                                             1)],
+                               rtol=1e-5, atol=1e-7) for k in after)
+    return dict(
+        iter=runner.iter, weights=_weights(runner), dropped=dropped,
+        by_hand=same, by_hand_close=close,
+        finite=all(math.isfinite(w) for w in _weights(runner)),
+        skipped=int(hub['train/nan_skipped'].current()),
+        samples_dropped=int(hub['train/samples_dropped'].current())
+        if 'train/samples_dropped' in hub else 0,
+        replay_buffers=captured, log=log_text(runner),
+        bundles=read_bundles(out_dir))
+
+
+def capture_replays(runner):
+    """Wrap the hook's diagnosis: whether the model's buffers (BN running
+    statistics) after it equal those before it, per diagnosis."""
+    import torch
+    hook = [h for h in runner.hooks if type(h).__name__ == 'NanDetectHook'][0]
+    seen = []
+    incident = hook._incident
+
+    def probed(*args, **kwargs):
+        before = [b.detach().clone() for b in runner.model.buffers()]
+        try:
+            return incident(*args, **kwargs)
+        finally:
+            seen.append(all(torch.equal(a, b) for a, b in zip(
+                before, runner.model.buffers())))
+
+    hook._incident = probed
+    return seen
+
+
+def read_bundles(out_dir):
+    """What the bundles under ``out_dir/dumps`` say: path, summary, kind,
+    every rank's findings, the implicated samples, the modules made
+    local."""
+    import glob
+    found = []
+    for path in sorted(glob.glob(osp.join(out_dir, 'dumps', '*',
+                                          'report.json'))):
+        with open(path) as f:
+            report = json.load(f)
+        found.append(dict(path=path, summary=report['summary'],
+                          kind=report['kind'], ranks=report['ranks'],
+                          samples=[s['index'] for s in report['samples']],
+                          files=[s['img_path'] for s in report['samples']],
+                          local=report['local_modules']))
+    return found
+
+
+def _drop(out_dir):
+    """policy='drop' under DDP: rank 1 leaves its sample out, rank 0 takes
+    its batch unchanged."""
+    return _drop_run(out_dir, {BAD_SAMPLE: 'inf_target'})
+
+
+def _drop_whole(ddp=None):
+    def scenario(out_dir):
+        """Every sample of rank 1's batch fails: it takes part with a zero
+        loss, rank 0's loss counts for both (``ddp``: the DDP wrapper's
+        options)."""
+        return _drop_run(out_dir, dict(
+            (i, 'inf_target') for i in rank_batch(BAD_RANK, BAD_ITER)),
+            ddp=ddp)
+    return scenario
+
+
+def _raise_skip(out_dir):
+    """The forward raises on rank 1 alone (its NaN input), 'skip'."""
+    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'},
+                     policy='skip')
+
+
+def _raise_drop(out_dir):
+    """The same forward, 'drop': rank 1 takes the step again without it."""
+    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'})
+
+
+def _nodes(out_dir):
+    """Two nodes of one rank each with work dirs of their own (nodes that do
+    not share a file system): the tiny RetinaNet on VOC data, 'drop', image
+    :data:`BAD_SAMPLE` (rank 1, iteration 1) with a zero-width box. Each
+    node writes the list every rank learned."""
+    import torch.distributed as dist
+    from mmengine.dist import broadcast_object_list
+    from mmengine.runner import Runner
+
+    from ..quarantine import read_quarantine
+    from . import testbed
+    rank = dist.get_rank()
+    box = [testbed.make_dataset(
+        'retinanet_voc', osp.join(out_dir, 'data'), num_images=8,
+        defects={BAD_SAMPLE: 'zero_size'}) if rank == 0 else None]
+    broadcast_object_list(box)
+    work = osp.join(out_dir, 'node%d' % rank)
+    cfg = testbed.tiny_config('retinanet_voc', box[0], work, max_iters=4,
+                              log_level='INFO')
+    cfg.custom_imports = dict(imports=['mmnanhook'],
+                              allow_failed_imports=False)
+    cfg.custom_hooks = [dict(type='NanDetectHook', policy='drop')]
+    cfg.launcher = 'pytorch'
+    cfg.env_cfg.dist_cfg = dict(backend='gloo')
+    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel',
+                                 device_ids=None)
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    path = osp.join(work, 'nan_quarantine.json')
+    return dict(
+        rank=rank, local_rank=os.environ.get('LOCAL_RANK'),
+        iter=runner.iter, bad=box[0]['defect_images'][0],
+        quarantine=[(s.file, s.indices, s.rank)
+                    for s in read_quarantine(path)]
+        if osp.exists(path) else None,
+        samples_dropped=int(runner.message_hub.get_scalar(
+            'train/samples_dropped').current()))
+
+
+def _syncbn(policy):
+    def scenario(out_dir):
+        from mmnanhook.testing.toy import ToySyncBNModel
+        return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input'}, ToySyncBNModel,
+                         policy=policy, shared_stats=True)
+    return scenario
 
 
 # Samples on rank 0 in iterations 10 and 11 (see above): two spikes in a row.
@@ -101,7 +312,14 @@ def _rewind(out_dir):
                 weights=weights.tolist(), iter=runner.iter)
 
 
-SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop}
+SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop,
+             'drop_whole': _drop_whole(),
+             'drop_whole_unused': _drop_whole(dict(
+                 find_unused_parameters=True)),
+             'drop_whole_static': _drop_whole(dict(static_graph=True)),
+             'raise_skip': _raise_skip,
+             'raise_drop': _raise_drop, 'syncbn_skip': _syncbn('skip'),
+             'syncbn_drop': _syncbn('drop'), 'nodes': _nodes}
 
 
 def _free_port():
@@ -116,31 +334,87 @@ def _launcher():
     return ['-m', 'torch.distributed.launch', '--use_env']  # torch < 1.9
 
 
-def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp'):
+def _launch(commands, timeout):
+    """Run the launcher ``commands`` at once, each in a session of its own;
+    a hang (a rank waiting in a collective) past ``timeout`` seconds kills
+    every process they started and fails.
+
+    Returns:
+        str: Their output, one after the other.
+    """
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    # Files, not pipes: a launcher blocked on a full pipe would stall the
+    # others in their collectives.
+    outputs = [tempfile.TemporaryFile() for _ in commands]
+    procs = [subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                              env=env, start_new_session=True)
+             for cmd, out in zip(commands, outputs)]
+    deadline = time.time() + timeout
+    hung = False
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            hung = True
+            break
+    if hung:
+        for proc in procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            proc.wait()
+    logs = []
+    for out in outputs:
+        out.seek(0)
+        logs.append(out.read().decode(errors='replace'))
+        out.close()
+    log = '\n'.join(logs)
+    if hung:
+        raise AssertionError('the ranks did not finish in %d s (a hang):\n%s'
+                             % (timeout, log[-5000:]))
+    if any(proc.returncode != 0 for proc in procs):
+        raise AssertionError(log[-5000:])
+    return log
+
+
+def _results(out_dir, ranks):
+    results = []
+    for rank in range(ranks):
+        with open(osp.join(str(out_dir), 'rank%d.json' % rank)) as f:
+            results.append(json.load(f))
+    return results
+
+
+def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp',
+              timeout=300):
     """Run ``scenario`` on ``nproc`` ranks over gloo with torch's launcher.
 
-    A hang (a rank waiting in a collective) ends in ``TimeoutExpired``.
-    ``module`` is the one whose ``SCENARIOS`` has it (run with ``-m``).
+    ``module`` is the one whose ``SCENARIOS`` has it (run with ``-m``); a
+    run past ``timeout`` seconds is a hang, and fails.
 
     Returns:
         tuple[list[dict], str]: Each rank's result and the launcher's log.
     """
-    cmd = [sys.executable] + _launcher() + [
+    log = _launch([[sys.executable] + _launcher() + [
         '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
-        '--master_port', str(_free_port()), '-m', module,
-        scenario, str(out_dir)
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS='1')
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, env=env, timeout=300)
-    log = proc.stdout.decode(errors='replace')
-    if proc.returncode != 0:
-        raise AssertionError(log[-5000:])
-    results = []
-    for rank in range(nproc):
-        with open(osp.join(str(out_dir), 'rank%d.json' % rank)) as f:
-            results.append(json.load(f))
-    return results, log
+        '--master_port', str(_free_port()), '-m', module, scenario,
+        str(out_dir)]], timeout)
+    return _results(out_dir, nproc), log
+
+
+def run_nodes(scenario, out_dir, nnodes=2, module='mmnanhook.testing.ddp',
+              timeout=300):
+    """Run ``scenario`` as ``nnodes`` nodes of one rank each: a launcher per
+    node (``--nnodes``, ``--node_rank``) on 127.0.0.1, as a multi-node job
+    starts. Returns and fails as :func:`run_ranks`."""
+    port = str(_free_port())
+    log = _launch([[sys.executable] + _launcher() + [
+        '--nnodes', str(nnodes), '--node_rank', str(node),
+        '--nproc_per_node', '1', '--master_addr', '127.0.0.1',
+        '--master_port', port, '-m', module, scenario, str(out_dir)]
+        for node in range(nnodes)], timeout)
+    return _results(out_dir, nnodes), log
 
 
 def main(argv=None, scenarios=None):

@@ -14,12 +14,12 @@ import torch.nn as nn
 from mmengine.evaluator import BaseMetric
 from mmengine.hooks import Hook
 from mmengine.model import BaseModel
-from mmengine.optim import OptimWrapperDict
+from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
 from ..errors import NonFiniteError
-from ..sentinel import sentinel_of
+from ..sentinel import capture_rng, sentinel_of
 from .faults import NanGradient
 
 BATCH = 2
@@ -29,17 +29,24 @@ BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
 
 
 class ToyDataset(Dataset):
-    """``n`` random 4-vectors; ``faults`` maps a sample index to a fault."""
+    """``n`` random 4-vectors; ``faults`` maps a sample index to a fault.
+
+    A fault starting with ``nan_input`` makes the sample's input all NaN
+    (the data itself is bad); the others act in the model.
+    """
 
     metainfo = dict(name='toy')
 
     def __init__(self, n=16, faults=None):
         g = torch.Generator().manual_seed(0)
         faults = faults or {}
-        self.items = [
-            dict(inputs=torch.randn(4, generator=g), fault=faults.get(i, ''))
-            for i in range(n)
-        ]
+        self.items = []
+        for i in range(n):
+            inputs = torch.randn(4, generator=g)
+            fault = faults.get(i, '')
+            if fault.startswith('nan_input'):
+                inputs = torch.full_like(inputs, float('nan'))
+            self.items.append(dict(inputs=inputs, fault=fault))
 
     def __len__(self):
         return len(self.items)
@@ -57,7 +64,9 @@ class ToyModel(BaseModel):
     ``inplace`` (an in-place write that breaks backward), ``overflow`` /
     ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
     into NaN: once at scale 2**16, or down to scale 2), ``spike`` (a finite
-    loss a thousand times the usual).
+    loss a thousand times the usual), ``nan_input_raise`` (its NaN input
+    makes the forward raise, as SimOTA's ``binary_cross_entropy`` of NaN
+    scores does).
     """
 
     def __init__(self):
@@ -70,7 +79,7 @@ class ToyModel(BaseModel):
     def forward(self, inputs, fault=None, mode='tensor'):
         self.anomaly_seen.append((mode, torch.is_anomaly_enabled()))
         faults = set(f for f in (fault or []) if f)
-        x = torch.stack(inputs)
+        x = self.features(torch.stack(inputs))
         h = self.fc(x)
         if 'inplace' in faults:
             h = h.sigmoid()
@@ -83,6 +92,15 @@ class ToyModel(BaseModel):
         y = nn.functional.linear(h, self.head.weight, bias)
         if mode != 'loss':
             return y
+        return self.loss(y, faults)
+
+    def loss(self, y, faults):
+        """The loss terms of the predictions ``y`` of a batch with
+        ``faults`` (a set)."""
+        if 'nan_input_raise' in faults:
+            # Raises on NaN probabilities (CPU kernels check the range).
+            nn.functional.binary_cross_entropy(
+                torch.sigmoid(y), torch.zeros_like(y))
         target = 1.0
         if 'inf_target' in faults:
             target = float('inf')
@@ -106,9 +124,72 @@ class ToyModel(BaseModel):
         return dict(loss_main=loss_main, loss_aux=loss_aux,
                     acc=torch.tensor(float('nan')))
 
+    def features(self, x):
+        """What ``fc`` sees: the inputs themselves."""
+        return x
+
+
+class ToyBNModel(ToyModel):
+    """:class:`ToyModel` whose inputs first go through BatchNorm in train
+    mode (every forward updates its running statistics, as with
+    ``norm_eval=False``) and dropout (every forward draws random numbers):
+    a step done again from the wrong buffers or RNG state differs.
+
+    The BatchNorm normalizes the 4 features of each sample as one channel,
+    so that a batch of one sample trains too.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(1)
+        self.dropout = nn.Dropout(0.5)
+
+    def features(self, x):
+        return self.dropout(self.bn(x.unsqueeze(1)).squeeze(1))
+
+
+class ToySyncBNModel(ToyModel):
+    """:class:`ToyModel` whose inputs first go through
+    :class:`~mmnanhook.testing.syncbn.CpuSyncBatchNorm` (the 4 features of
+    each sample as one channel): under DDP every training forward shares
+    its batch statistics with the other ranks, so one rank's NaN input makes
+    every rank's loss NaN."""
+
+    def __init__(self):
+        super().__init__()
+        from .syncbn import CpuSyncBatchNorm
+        self.bn = CpuSyncBatchNorm(1)
+
+    def features(self, x):
+        return self.bn(x.unsqueeze(1)).squeeze(1)
+
+
+class TwoOptimizerModel(ToyModel):
+    """Updates ``fc`` and ``head`` with their own wrappers (GAN-style): an
+    ``OptimWrapperDict`` of :func:`two_optimizers`."""
+
+    def train_step(self, data, optim_wrapper):
+        data = self.data_preprocessor(data, True)
+        losses = self(**data, mode='loss')
+        parsed, log_vars = self.parse_losses(losses)
+        optim_wrapper['head'].update_params(parsed)
+        losses = self(**data, mode='loss')
+        optim_wrapper['fc'].update_params(losses['loss_aux'])
+        return log_vars
+
+
+def two_optimizers(model):
+    """The optim wrappers of a :class:`TwoOptimizerModel` (for
+    ``make_runner``'s ``optim_wrapper``)."""
+    return dict(
+        fc=OptimWrapper(torch.optim.SGD(model.fc.parameters(), lr=0.1)),
+        head=OptimWrapper(torch.optim.SGD(
+            list(model.head.parameters()) + [model.amp_w], lr=0.1)))
+
 
 class Probe(Hook):
-    """Snapshots parameters and optimizer state around each train iteration.
+    """Snapshots parameters and optimizer state around each train iteration;
+    buffers and RNG states too.
     """
 
     priority = 'VERY_LOW'
@@ -116,6 +197,10 @@ class Probe(Hook):
     def __init__(self):
         self.before = {}
         self.after = {}
+        self.buffers_before = {}
+        self.buffers_after = {}
+        # Captured last before the train step: its forward's RNG states.
+        self.rng = {}
         self.wrapper_types = []
 
     def _snapshot(self, runner):
@@ -125,6 +210,8 @@ class Probe(Hook):
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         self.before[runner.iter] = self._snapshot(runner)
+        self.buffers_before[runner.iter] = buffers(runner)
+        self.rng[runner.iter] = capture_rng()
         ow = runner.optim_wrapper
         members = ow.values() if isinstance(ow, OptimWrapperDict) else [ow]
         self.wrapper_types.append(
@@ -134,6 +221,7 @@ class Probe(Hook):
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):
         self.after[runner.iter] = self._snapshot(runner)
+        self.buffers_after[runner.iter] = buffers(runner)
 
 
 def make_runner(tmp_path, faults=None, hook=None, optim_wrapper=None,
@@ -186,6 +274,11 @@ class ToyMetric(BaseMetric):
 def params(runner):
     """Copies of the runner's model parameters, by name."""
     return {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+
+
+def buffers(runner):
+    """Copies of the runner's model buffers, by name."""
+    return {n: b.detach().clone() for n, b in runner.model.named_buffers()}
 
 
 def assert_same(a, b):

@@ -50,14 +50,18 @@ class ZooEntry(object):
         short_side (int, optional): The short side of the zoo's train scale,
             rescaled to :data:`SMALL_SIDE`; ``None`` keeps the scales.
         by_epoch (bool): Whether its train loop counts epochs.
+        wrapped (int): Dataset wrappers (``MultiImageMixDataset``) around
+            the dataset that reads the files.
     """
 
-    def __init__(self, package, path, data, short_side=None, by_epoch=True):
+    def __init__(self, package, path, data, short_side=None, by_epoch=True,
+                 wrapped=0):
         self.package = package
         self.path = path
         self.data = data
         self.short_side = short_side
         self.by_epoch = by_epoch
+        self.wrapped = wrapped
 
     @property
     def scale(self):
@@ -69,6 +73,11 @@ class ZooEntry(object):
 ZOO = {
     'retinanet_r50': ZooEntry('mmdet', 'retinanet/retinanet_r50_fpn_1x_coco.py',
                               'coco', 800),
+    # IterBasedTrainLoop, InfiniteSampler (as mmseg and every long mmdet
+    # schedule train).
+    'retinanet_r50_90k': ZooEntry(
+        'mmdet', 'retinanet/retinanet_r50_fpn_90k_coco.py', 'coco', 800,
+        by_epoch=False),
     'faster_rcnn_r50': ZooEntry(
         'mmdet', 'faster_rcnn/faster-rcnn_r50_fpn_1x_coco.py', 'coco', 800),
     'mask_rcnn_r50': ZooEntry(
@@ -81,6 +90,9 @@ ZOO = {
                          'coco', 800),
     'rtmdet_tiny': ZooEntry('mmdet', 'rtmdet/rtmdet_tiny_8xb32-300e_coco.py',
                             'coco', 640),
+    # MultiImageMixDataset (Mosaic) over the COCO dataset.
+    'yolox_tiny': ZooEntry('mmdet', 'yolox/yolox_tiny_8xb8-300e_coco.py',
+                           'coco', 640, wrapped=1),
     'dino_r50': ZooEntry('mmdet', 'dino/dino-4scale_r50_8xb2-12e_coco.py',
                          'coco', 800),
     'rotated_retinanet': ZooEntry(
@@ -97,8 +109,10 @@ ZOO = {
         'ade20k', 512, by_epoch=False),
 }
 
-# Keys of pipeline steps (and mmseg's preprocessor) that hold image sizes.
-_SIZE_KEYS = ('scale', 'img_scale', 'crop_size', 'size', 'scales')
+# Keys of pipeline steps (and mmseg's preprocessor, mmdet's batch augments)
+# that hold image sizes; RandomAffine's border is one in pixels.
+_SIZE_KEYS = ('scale', 'img_scale', 'crop_size', 'size', 'scales', 'border',
+              'random_size_range')
 
 _run_ids = itertools.count()
 
@@ -215,7 +229,10 @@ def child_config(name, data, work_dir, length=2, hook=None,
         bases.append(osp.join(config_dir(), '_base_', 'nan_detect.py'))
     loop = dict(max_epochs=length) if entry.by_epoch else dict(
         max_iters=length)
-    loader = dict(batch_size=2, dataset=_dataset_override(entry.data, data))
+    dataset = _dataset_override(entry.data, data)
+    for _ in range(entry.wrapped):
+        dataset = dict(dataset=dataset)
+    loader = dict(batch_size=2, dataset=dataset)
     if not workers:
         loader.update(num_workers=0, persistent_workers=False)
     lines = [
@@ -286,6 +303,7 @@ def _rescale(cfg, factor):
     preprocessor = cfg.model.get('data_preprocessor') or {}
     if preprocessor.get('size') is not None:
         preprocessor['size'] = _scaled(preprocessor['size'], factor)
+    _rescale_steps(preprocessor.get('batch_augments') or [], factor)
 
 
 def _rescale_steps(steps, factor):

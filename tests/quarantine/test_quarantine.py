@@ -9,13 +9,18 @@ import json
 import math
 import os
 import os.path as osp
+import stat
+import time
 
 import pytest
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from mmnanhook.quarantine import QuarantineError, read_quarantine
+from mmnanhook.quarantine import (FILE_NAME, QuarantinedSample,
+                                  QuarantineError, read_quarantine,
+                                  write_quarantine)
 from mmnanhook.testing import testbed
+from mmnanhook.testing.toy import log_text, make_runner
 
 BAD = 3
 EPOCHS = 3
@@ -99,7 +104,9 @@ def test_a_reviewed_list_keeps_its_samples_out_from_the_start(tmp_path):
     reviewed = tmp_path / 'reviewed.json'
     reviewed.write_text(json.dumps(dict(
         format='mmnanhook-quarantine', version=1, samples=[dict(
-            indices=[BAD], file='000003.jpg', reason='reviewed by hand',
+            indices=[BAD], file=str(tmp_path / 'data' / 'JPEGImages' /
+                                    '000003.jpg'),
+            reason='reviewed by hand',
             source='scan')])))
     runner, files, data = _runner(
         tmp_path, 'reviewed', dict(policy='raise', quarantine=str(reviewed)),
@@ -116,7 +123,8 @@ def test_a_bad_quarantine_stops_before_the_first_iteration(tmp_path, case):
     reviewed = tmp_path / 'reviewed.json'
     reviewed.write_text(json.dumps(dict(
         format='mmnanhook-quarantine', version=1,
-        samples=[dict(indices=[8], file='x.jpg')])))
+        # Keyed by its index alone (a sample with a file is keyed by it).
+        samples=[dict(indices=[8])])))
     hook = dict(policy='drop')
     if case == 'outside':
         hook['quarantine'] = str(reviewed)
@@ -131,3 +139,51 @@ def test_a_bad_quarantine_stops_before_the_first_iteration(tmp_path, case):
     with pytest.raises(QuarantineError, match=message):
         runner.train()
     assert files.files == []
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def test_the_list_is_written_readable_as_the_work_dir(tmp_path):
+    path = str(tmp_path / FILE_NAME)
+    write_quarantine(path, [QuarantinedSample([3], 'a.jpg', 'NaN input')])
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~_umask()
+    (sample, ) = read_quarantine(path)
+    assert (sample.file, sample.indices) == ('a.jpg', [3])
+    # Nothing of the atomic write is left behind.
+    assert os.listdir(str(tmp_path)) == [FILE_NAME]
+
+
+@pytest.mark.parametrize('resume', [False, True])
+def test_a_fresh_run_keeps_the_list_of_an_earlier_one(tmp_path, resume):
+    # A Runner of the toy model (no image files: it quarantines nothing),
+    # started in a work dir an earlier run left its list in (keyed by index:
+    # the toy samples have no file).
+    path = tmp_path / FILE_NAME
+    write_quarantine(str(path), [QuarantinedSample([3], reason='NaN')])
+    old = path.read_text()
+    written = time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1))
+    os.utime(str(path), (written, written))
+    runner = make_runner(tmp_path, log_level='INFO',
+                         hook=dict(type='NanDetectHook', policy='drop'))
+    if resume:
+        # What Runner(resume=True) sets; nothing to resume from here.
+        runner._resume = True
+    runner.train()
+    kept = tmp_path / 'nan_quarantine.20260102_030405.json'
+    if resume:
+        assert path.read_text() == old and not kept.exists()
+        return
+    assert kept.read_text() == old and not path.exists()
+    assert 'is the list of an earlier run (this one does not resume it): ' \
+        'kept as %s' % kept in log_text(runner)
+    # A second fresh run keeps the same name free of clobbering.
+    path.write_text(old)
+    os.utime(str(path), (written, written))
+    make_runner(tmp_path, hook=dict(type='NanDetectHook',
+                                    policy='drop')).train()
+    again = tmp_path / 'nan_quarantine.20260102_030405_1.json'
+    assert again.read_text() == old and kept.read_text() == old

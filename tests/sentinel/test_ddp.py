@@ -1,9 +1,15 @@
-"""Tier 1 under DDP: two CPU processes over gloo, started by a real launcher
-(see :mod:`mmnanhook.testing.ddp`): rank 1 alone sees an infinite loss whose
-gradients are finite, and both ranks stop in the same iteration."""
-import pytest
+"""Tier 1 and recovery under DDP: two CPU processes over gloo, started by a
+real launcher (see :mod:`mmnanhook.testing.ddp`), the toy model: one rank's
+bad sample stops, skips or drops on every rank alike, with and without
+SyncBN statistics, and with a forward that raises on that rank alone. A hang
+fails the test (each run is bounded)."""
+import inspect
 
-from mmnanhook.testing.ddp import BAD_ITER, BAD_RANK, SPIKE_ITERS, run_ranks
+import pytest
+import torch
+
+from mmnanhook.testing.ddp import (BAD_ITER, BAD_RANK, SPIKE_ITERS,
+                                   run_nodes, run_ranks)
 
 
 @pytest.mark.ddp
@@ -33,12 +39,113 @@ def test_every_rank_rewinds_to_the_same_snapshot(tmp_path):
     assert results[0]['weights'] == results[1]['weights']
 
 
-@pytest.mark.ddp
-def test_drop_under_ddp_skips_on_every_rank_alike(tmp_path):
-    # Not implemented under DDP yet: both ranks skip the same step, say why,
-    # and train on with the same weights (no rank left in a collective).
-    results, log = run_ranks('drop', tmp_path)
-    for result in results:
-        assert result['iter'] == 4, log[-5000:]
-        assert result['skipped'] == 1 and result['said']
+def _same_weights(results):
     assert results[0]['weights'] == results[1]['weights']
+    for result in results:
+        assert result['iter'] == 4 and result['finite']
+
+
+def _culprit_named(results, sample=0):
+    """Every bundle of every rank (one dump dir) names rank 1's sample as
+    the cause."""
+    bundles = results[0]['bundles']
+    assert bundles
+    for bundle in bundles:
+        culprits = [(f['rank'], [s['index'] for s in f['samples']])
+                    for f in bundle['ranks'] if f['samples']]
+        assert culprits == [(BAD_RANK, [sample])], bundle
+        assert 'rank %d' % BAD_RANK in bundle['summary']
+    return bundles
+
+
+@pytest.mark.ddp
+def test_drop_under_ddp_recomputes_the_step_on_every_rank(tmp_path):
+    # Rank 1 leaves its bad sample out, rank 0 takes its batch unchanged;
+    # the update is DDP's mean of the two, bitwise the step by hand.
+    results, log = run_ranks('drop', tmp_path)
+    _same_weights(results)
+    for result in results:
+        assert result['by_hand'], log[-3000:]
+        assert result['samples_dropped'] == 1 and result['skipped'] == 0
+    # (mmengine logs rank 0 alone.)
+    assert 'recomputing the update step of iter 1 on its batch unchanged' \
+        in results[0]['log']
+    _culprit_named(results)
+
+
+STATIC_GRAPH = 'static_graph' in inspect.signature(
+    torch.nn.parallel.DistributedDataParallel).parameters
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize('ddp', [
+    '', '_unused', pytest.param('_static', marks=pytest.mark.skipif(
+        not STATIC_GRAPH, reason='DDP has no static_graph before torch 1.11'))
+], ids=['default', 'find_unused_parameters', 'static_graph'])
+def test_a_rank_whose_whole_batch_fails_takes_part_with_a_zero_loss(
+        tmp_path, ddp):
+    # Both samples of rank 1's batch fail: it takes part in DDP's gradient
+    # all-reduce with a zero loss, and rank 0's loss counts for both ranks.
+    results, log = run_ranks('drop_whole' + ddp, tmp_path)
+    _same_weights(results)
+    for result in results:
+        assert result['by_hand'], log[-3000:]
+        assert result['samples_dropped'] == 2
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize('policy', ['skip', 'drop'])
+def test_a_forward_raising_on_one_rank_takes_every_rank_the_same_way(
+        tmp_path, policy):
+    # Rank 1's forward raises on its NaN input (as SimOTA does); rank 0's
+    # goes fine and would wait in DDP's gradient all-reduce: it learns it
+    # in its vote before backward, and both skip, or both take the step
+    # again (rank 1 without the sample).
+    results, log = run_ranks('raise_' + policy, tmp_path)
+    _same_weights(results)
+    other = results[1 - BAD_RANK]['log']
+    assert 'forward of rank(s) %d raised' % BAD_RANK in other
+    for result in results:
+        if policy == 'skip':
+            assert result['skipped'] == 1 and result['samples_dropped'] == 0
+        else:
+            assert result['by_hand'] and result['samples_dropped'] == 1
+    bundles = _culprit_named(results)
+    assert all(b['kind'] == 'data' for b in bundles)
+
+
+@pytest.mark.ddp
+@pytest.mark.parametrize('policy', ['skip', 'drop'])
+def test_syncbn_statistics_carry_one_rank_nan_to_all_and_the_replays_stay_local(
+        tmp_path, policy):
+    # CpuSyncBatchNorm shares the batch statistics: rank 1's NaN input makes
+    # both ranks' losses NaN. Each replays its batch alone (the SyncBN made
+    # local, its running statistics put back): no hang, and rank 0's bundle
+    # says the NaN came from rank 1, not from its own data.
+    results, log = run_ranks('syncbn_' + policy, tmp_path)
+    _same_weights(results)
+    for result in results:
+        # Two bundles, one per rank, both from one trigger.
+        assert result['replay_buffers'] == [True]
+        if policy == 'drop':
+            assert result['by_hand_close'] and result['samples_dropped'] == 1
+        else:
+            assert result['skipped'] == 1
+    bundles = _culprit_named(results)
+    assert all(b['local'] == ['bn (CpuSyncBatchNorm)'] for b in bundles)
+    clean = [b for b in bundles if b['kind'] == 'not_reproduced']
+    assert len(clean) == 1 and 'came from another rank' in clean[0][
+        'summary'] and 'replays finite alone' in clean[0]['summary']
+
+
+@pytest.mark.ddp
+def test_every_node_writes_the_quarantine_every_rank_learned(tmp_path):
+    # Two launchers (--nnodes 2), one rank each, work dirs of their own: the
+    # first rank of each node writes the list, which names the sample of
+    # rank 1 on both nodes.
+    results, log = run_nodes('nodes', tmp_path)
+    for result in results:
+        assert result['iter'] == 4 and result['local_rank'] == '0', log
+        assert result['samples_dropped'] == 1
+        (entry, ) = result['quarantine']
+        assert entry[0].endswith(result['bad']) and entry[2] == BAD_RANK

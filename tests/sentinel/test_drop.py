@@ -9,10 +9,12 @@ import math
 import pytest
 import torch
 
-from mmnanhook import NanDetectHook
+from mmnanhook import NanDetectHook, NanDetectOptimWrapper
 from mmnanhook.quarantine import QuarantineError
-from mmnanhook.testing.toy import (Probe, ToyDataset, ToyModel, assert_same,
-                                   log_text, make_runner)
+from mmnanhook.sentinel import restore_rng
+from mmnanhook.testing.toy import (Probe, ToyBNModel, ToyDataset, ToyModel,
+                                   TwoOptimizerModel, assert_same, log_text,
+                                   make_runner, two_optimizers)
 
 MOMENTUM = dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9))
 
@@ -22,23 +24,32 @@ def _scalar(runner, name):
     return buffer.current() if buffer is not None else None
 
 
-def _by_hand(before, *batches):
-    """The update step of ``batches`` (its micro-steps, each loss divided by
-    their number) from the state ``before`` (parameters, optimizer state),
-    as BaseModel.train_step, OptimWrapper and SGD do it."""
-    model = ToyModel()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(before[0][name])
+def _by_hand(probe, steps, model_type=ToyModel, counts=None):
+    """The update step of ``steps``, ``(iter, batch)`` of its micro-steps
+    (each loss divided by their number, or by ``counts``), from the state
+    the probe saw before the first (parameters, optimizer state, buffers)
+    and each micro-step's RNG state before its forward, as
+    BaseModel.train_step, OptimWrapper and SGD do it.
+
+    Returns:
+        tuple: Parameters and buffers after the step, by name; the last
+        micro-step's loss.
+    """
+    first = steps[0][0]
+    model = model_type()
+    model.load_state_dict(dict(probe.before[first][0],
+                               **probe.buffers_before[first]))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    optimizer.load_state_dict(before[1])
-    for batch in batches:
+    optimizer.load_state_dict(probe.before[first][1])
+    for it, batch in steps:
+        restore_rng(probe.rng[it])
         data = model.data_preprocessor(batch, True)
         loss, _ = model.parse_losses(model(**data, mode='loss'))
-        (loss / len(batches)).backward()
+        (loss / (counts or len(steps))).backward()
     optimizer.step()
-    return {n: p.detach().clone() for n, p in model.named_parameters()}, \
-        float(loss)
+    return ({n: p.detach().clone() for n, p in model.named_parameters()},
+            {n: b.detach().clone() for n, b in model.named_buffers()},
+            float(loss.detach()))
 
 
 def _batch(data, *indices):
@@ -55,7 +66,7 @@ def test_drop_applies_the_step_recomputed_without_the_bad_sample(tmp_path):
     # Iteration 2 was applied, without sample 4: exactly the step on
     # sample 5 alone from the state before it.
     data = ToyDataset(16, {4: 'nan_term'})
-    expected, loss = _by_hand(probe.before[2], _batch(data, 5))
+    expected, _, loss = _by_hand(probe, [(2, _batch(data, 5))])
     assert_same(probe.after[2][0], expected)
     assert _scalar(runner, 'train/samples_dropped') == 1
     assert _scalar(runner, 'train/nan_skipped') == 0
@@ -82,8 +93,8 @@ def test_drop_under_accumulation_recomputes_every_micro_step(tmp_path):
         hook=dict(type='NanDetectHook', policy='drop'))
     runner.train()
     data = ToyDataset(16, {4: 'nan_term'})
-    expected, _ = _by_hand(probe.before[2], _batch(data, 5),
-                           _batch(data, 6, 7))
+    expected, _, _ = _by_hand(probe, [(2, _batch(data, 5)),
+                                      (3, _batch(data, 6, 7))])
     assert_same(probe.after[3][0], expected)
     assert _scalar(runner, 'train/samples_dropped') == 1
     assert _scalar(runner, 'train/nan_skipped') == 0
@@ -127,3 +138,126 @@ def test_bad_quarantine_files_fail_at_build_time_naming_the_file(tmp_path):
         NanDetectHook(quarantine=str(foreign))
     with pytest.raises(ValueError, match='quarantine_skips'):
         NanDetectHook(quarantine_skips='yes')
+
+
+BN_CASES = [
+    # (accumulative_counts, the micro-steps of the update step): the bad
+    # sample 4 in iteration 2, the update step alone or with iteration 3.
+    (1, [(2, (5, ))]),
+    (2, [(2, (5, )), (3, (6, 7))]),
+]
+
+
+@pytest.mark.parametrize('counts,steps', BN_CASES, ids=['plain', 'accum'])
+def test_drop_redoes_bn_statistics_and_dropout_from_the_same_state(
+        tmp_path, counts, steps):
+    probe = Probe()
+    runner = make_runner(tmp_path, faults={4: 'nan_term'}, probe=probe,
+                         model=ToyBNModel(),
+                         optim_wrapper=dict(MOMENTUM,
+                                            accumulative_counts=counts),
+                         hook=dict(type='NanDetectHook', policy='drop'))
+    runner.train()
+    data = ToyDataset(16, {4: 'nan_term'})
+    expected, buffers, _ = _by_hand(
+        probe, [(i, _batch(data, *s)) for i, s in steps], ToyBNModel)
+    update = steps[-1][0]
+    # BN running statistics as if the bad sample had never been seen, and
+    # the dropout masks the original forward drew.
+    assert_same(probe.after[update][0], expected)
+    assert_same(probe.buffers_after[update], buffers)
+    assert _scalar(runner, 'train/samples_dropped') == 1
+
+
+def test_drop_after_resuming_between_two_update_steps(tmp_path, monkeypatch):
+    # mmengine 0.10.7 resumes with torch.load's default weights_only, True
+    # since torch 2.6 (compat.RESUME_BROKEN): torch's own switch back.
+    monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
+    accumulate = dict(MOMENTUM, accumulative_counts=2)
+    first = make_runner(
+        tmp_path, model=ToyBNModel(), optim_wrapper=accumulate, max_iters=3,
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook',
+                                           interval=3, by_epoch=False)))
+    first.train()
+    # Resumed at iteration 3: it is an update step of its own, the first
+    # train step of the run.
+    probe = Probe()
+    runner = make_runner(tmp_path, faults={6: 'nan_term'}, probe=probe,
+                         model=ToyBNModel(), optim_wrapper=accumulate,
+                         max_iters=5, resume=True, log_level='INFO',
+                         hook=dict(type='NanDetectHook', policy='drop'))
+    runner.train()
+    text = log_text(runner)
+    assert 'listener failed' not in text
+    assert "recomputing the update step of iter 3 without sample(s) [0] " \
+        'of the batch of iter 3' in text
+    data = ToyDataset(16, {6: 'nan_term'})
+    # Its loss divided by 2 still: OptimWrapper.scale_loss divides by
+    # accumulative_counts, however many micro-steps are left.
+    expected, buffers, _ = _by_hand(probe, [(3, _batch(data, 7))],
+                                    ToyBNModel, counts=2)
+    assert_same(probe.after[3][0], expected)
+    assert_same(probe.buffers_after[3], buffers)
+
+
+@pytest.mark.parametrize('bad', [0, 4])
+@pytest.mark.parametrize('policy,logged', [('skip', 2), ('drop', 3)])
+def test_a_bad_earlier_micro_step_leaves_no_value_in_the_log_windows(
+        tmp_path, policy, logged, bad):
+    # Iterations 0 and 1, 2 and 3 make one update step each; the bad sample
+    # is in the first micro-step of one (the run's first iteration too).
+    runner = make_runner(tmp_path, faults={bad: 'nan_term'},
+                         optim_wrapper=dict(MOMENTUM, accumulative_counts=2),
+                         hook=dict(type='NanDetectHook', policy=policy))
+    runner.train()
+    hub = runner.message_hub
+    for name in ('train/loss', 'train/loss_aux'):
+        values = list(hub.get_scalar(name).data[0])
+        # The other update step's two, and the recomputed last micro-step
+        # of 'drop'.
+        assert len(values) == logged, name
+        assert all(math.isfinite(v) for v in values), name
+
+
+def test_a_gradient_fault_in_an_earlier_micro_step_is_dropped_there(
+        tmp_path):
+    probe = Probe()
+    # Sample 4 (iteration 2) makes NaN gradients from a finite loss; the
+    # trigger comes at the update step, iteration 3.
+    runner = make_runner(
+        tmp_path, faults={4: 'nan_grad'}, probe=probe, log_level='INFO',
+        optim_wrapper=dict(MOMENTUM, accumulative_counts=2),
+        hook=dict(type='NanDetectHook', policy='drop'))
+    runner.train()
+    assert "recomputing the update step of iter 3 without sample(s) [0] " \
+        'of the batch of iter 2' in log_text(runner)
+    data = ToyDataset(16, {4: 'nan_grad'})
+    expected, _, _ = _by_hand(probe, [(2, _batch(data, 5)),
+                                      (3, _batch(data, 6, 7))])
+    assert_same(probe.after[3][0], expected)
+
+
+def test_drop_without_the_hook_is_refused_at_build_time():
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="policy 'drop' needs NanDetectHook"):
+        NanDetectOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1),
+                              policy='drop')
+
+
+def test_the_fixes_advise_drop_only_where_it_drops(tmp_path):
+    # One optimizer: 'drop' recomputes the step; an OptimWrapperDict: it
+    # only skips, and the fix says so instead of advising it.
+    plain = make_runner(tmp_path / 'plain', faults={4: 'nan_term'},
+                        log_level='INFO',
+                        hook=dict(type='NanDetectHook', policy='skip'))
+    plain.train()
+    assert "`NanDetectHook(policy='drop')` does it" in log_text(plain)
+    two = make_runner(tmp_path / 'two', model=TwoOptimizerModel(),
+                      optim_wrapper=two_optimizers, faults={4: 'nan_term'},
+                      log_level='INFO',
+                      hook=dict(type='NanDetectHook', policy='skip'))
+    two.train()
+    text = log_text(two)
+    assert "`NanDetectHook(policy='drop')` does it" not in text
+    assert "`NanDetectHook(policy='drop')` would only skip the step here " \
+        '(an OptimWrapperDict steps several optimizers)' in text

@@ -17,9 +17,10 @@ from mmengine.optim import OptimWrapper
 from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
                        install_nan_detect)
 from mmnanhook.sentinel import sentinel_of
-from mmnanhook.testing.toy import (BOUND, Probe, ToyModel, assert_same,
+from mmnanhook.testing.toy import (BOUND, Probe, ToyModel,
+                                   TwoOptimizerModel, assert_same,
                                    assert_state_same, log_text, make_runner,
-                                   params, train_error)
+                                   params, train_error, two_optimizers)
 
 
 # -- what triggers, and what the error says --------------------------------
@@ -451,30 +452,11 @@ def test_hook_installs_into_a_configured_wrapper_and_restores_it(tmp_path):
     assert own.options.policy == 'skip' and own.listener is None
 
 
-class _TwoOptimizerModel(ToyModel):
-    """Updates ``fc`` and ``head`` with their own wrappers (GAN-style)."""
-
-    def train_step(self, data, optim_wrapper):
-        data = self.data_preprocessor(data, True)
-        losses = self(**data, mode='loss')
-        parsed, log_vars = self.parse_losses(losses)
-        optim_wrapper['head'].update_params(parsed)
-        losses = self(**data, mode='loss')
-        optim_wrapper['fc'].update_params(losses['loss_aux'])
-        return log_vars
-
-
 def test_optim_wrapper_dict_members_are_checked(tmp_path):
     probe = Probe()
-
-    def wrappers(model):
-        return dict(
-            fc=OptimWrapper(torch.optim.SGD(model.fc.parameters(), lr=0.1)),
-            head=OptimWrapper(torch.optim.SGD(
-                list(model.head.parameters()) + [model.amp_w], lr=0.1)))
-
-    runner = make_runner(tmp_path, model=_TwoOptimizerModel(),
-                         optim_wrapper=wrappers, faults={2: 'inf_target'},
+    runner = make_runner(tmp_path, model=TwoOptimizerModel(),
+                         optim_wrapper=two_optimizers,
+                         faults={2: 'inf_target'},
                          hook=dict(type='NanDetectHook'), probe=probe)
     err = train_error(runner)
     assert (err.trigger, err.iter) == ('loss', 1)

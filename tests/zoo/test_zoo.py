@@ -60,12 +60,23 @@ IMAGES = 4
 THREADS = 2
 
 
-def _param(name):
-    return pytest.param(name, marks=[
-        pytest.mark.zoo, getattr(pytest.mark, zoo.ZOO[name].package)])
+# The zoo smoke set of make test: the config of each mechanism there, and
+# the leg whose make test runs it (each leg's share fits its core); every
+# other (config, leg) runs in make test-zoo (marker zoo_full).
+EVERYDAY = {'retinanet_r50': 'modern', 'rotated_retinanet': 'dota'}
 
 
-NAMES = [_param(name) for name in FAULTS]
+def _names(everyday=()):
+    """The configs of :data:`FAULTS` as parameters, those of ``everyday`` in
+    make test (on their leg of :data:`EVERYDAY`), the others in the full
+    tier."""
+    return [pytest.param(name, marks=[
+        pytest.mark.zoo, getattr(pytest.mark, zoo.ZOO[name].package),
+        pytest.mark.everyday_leg(EVERYDAY[name]) if name in everyday
+        else pytest.mark.zoo_full]) for name in FAULTS]
+
+
+SMOKE = ('retinanet_r50', 'rotated_retinanet')
 
 
 def _zoo_threads():
@@ -122,8 +133,11 @@ def _assert_equal(a, b, path='state'):
         assert a == b, path
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name', _names())
 def test_clean_run_is_the_run_without_the_hook(tmp_path, name):
+    """Full tier only: two trainings per config, and the same identity is
+    shown in make test by the toy and tiny-detector runs under schedulers
+    (tests/sentinel/test_schedulers_and_guard.py)."""
     data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'),
                                 num_images=IMAGES)
     ref, ref_probe, error = _run(name, data, tmp_path / 'ref')
@@ -189,8 +203,12 @@ def _fault_config(name, tmp_path):
     return kind, data, extra
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name', _names(SMOKE))
 def test_real_fault_is_caught_before_it_reaches_the_weights(tmp_path, name):
+    """In make test: RetinaNet R50 (modern leg: its schedulers, its verified
+    fixes, the fresh-process replay) and the rotated RetinaNet (DOTA leg);
+    the other configs and legs in the full tier (one to four minutes each
+    on two cores)."""
     kind, data, extra = _fault_config(name, tmp_path)
     if kind == 'lr':
         _, ref_probe, _ = _run(name, data, tmp_path / 'ref', extra=extra)
@@ -247,8 +265,11 @@ def _assert_fixes_proven(name, error):
 
 
 @pytest.mark.zoo
+@pytest.mark.zoo_full
 @pytest.mark.mmdet
 def test_voc_zero_width_box_on_the_zoo_voc_config(tmp_path):
+    """Full tier: a second dataset format of the fixes; make test verifies
+    them on COCO (RetinaNet R50) and DOTA."""
     # mmdet's VOC RetinaNet as shipped (RepeatDataset of a ConcatDataset,
     # bbox_min_size=32): image 1's XML declares twice its width, so a box
     # beyond the real border passes the size filter and Resize clips it to
@@ -300,8 +321,10 @@ def _assert_replayed_alike_and_refuted(error):
     assert 'policy' not in drop.fix  # 'drop' would not drop there
 
 
-@pytest.mark.parametrize('name', NAMES)
+@pytest.mark.parametrize('name', _names(SMOKE))
 def test_skip_finishes_the_epoch(tmp_path, name):
+    """In make test as the fault test above; the other configs and legs in
+    the full tier."""
     kind, data, extra = _fault_config(name, tmp_path)
     runner, probe, error = _run(
         name, data, tmp_path / 'skip', hook='line', extra=extra,
@@ -342,8 +365,11 @@ def test_snippet_merges_with_a_config_that_has_custom_imports(tmp_path):
 
 
 @pytest.mark.zoo
+@pytest.mark.zoo_full
 @pytest.mark.mmdet
 def test_lr_blowup_of_the_zoo_retinanet_is_a_divergence(tmp_path):
+    """Full tier: two trainings of the R50; make test has the divergence on
+    the tiny detectors (tests/diagnosis/test_gallery.py)."""
     # The issue's story: mmdet's RetinaNet R50 with lr=20 and no warmup.
     name = 'retinanet_r50'
     data = zoo.make_zoo_dataset(name, str(tmp_path / 'data'), num_images=8)
@@ -390,8 +416,8 @@ def test_lr_blowup_of_the_zoo_retinanet_is_a_divergence(tmp_path):
 
 
 class _DropProbe(zoo.BatchFiles):
-    """Also keeps the batch, and the state before and the weights after, of
-    the iteration whose batch holds ``bad``."""
+    """Also keeps the batch, and the state before and after (parameters and
+    buffers), of the iteration whose batch holds ``bad``."""
 
     def __init__(self, bad):
         super().__init__()
@@ -410,7 +436,28 @@ class _DropProbe(zoo.BatchFiles):
                          outputs=None):
         super().after_train_iter(runner, batch_idx, data_batch, outputs)
         if self.at is not None and self.at['iter'] == runner.iter:
-            self.at['after'] = zoo.weights(runner)
+            self.at['after'] = zoo.model_state(runner)
+
+
+def _assert_dropped_by_hand(runner, probe, bad):
+    """The update the run applied is that step by hand on the other sample
+    alone, from the same state (weights, BN buffers, optimizer state and
+    LR), through the run's own optim wrapper (its clip_grad included),
+    which training left without mmnanhook's bindings."""
+    batch = probe.at['batch']
+    keep = [i for i, s in enumerate(batch['data_samples'])
+            if s.metainfo['img_path'] != bad]
+    assert len(keep) == 1
+    model = runner.model
+    model.load_state_dict(probe.at['state'])
+    runner.optim_wrapper.load_state_dict(probe.at['optimizer'])
+    runner.optim_wrapper.zero_grad()
+    data_in = model.data_preprocessor(
+        {'inputs': [batch['inputs'][i] for i in keep],
+         'data_samples': [batch['data_samples'][i] for i in keep]}, True)
+    loss, _ = model.parse_losses(model(**data_in, mode='loss'))
+    runner.optim_wrapper.update_params(loss)
+    _assert_equal(zoo.model_state(runner), probe.at['after'], 'state')
 
 
 @pytest.fixture(scope='module')
@@ -442,8 +489,11 @@ def drop_run(tmp_path_factory):
 
 
 @pytest.mark.zoo
+@pytest.mark.everyday_leg('modern')
 @pytest.mark.mmdet
 def test_drop_keeps_the_good_sample_and_never_loads_the_bad_one(drop_run):
+    """In make test on the modern leg (the drop and quarantine with 2
+    persistent workers); the DOTA leg's run is in the full tier."""
     runner, probe, bad = drop_run['runner'], drop_run['probe'], \
         drop_run['bad']
     # Both epochs, every batch full; the bad image loaded once, never in
@@ -452,24 +502,7 @@ def test_drop_keeps_the_good_sample_and_never_loads_the_bad_one(drop_run):
     assert all(len(files) == 2 for files in probe.files)
     assert [i for i, files in enumerate(probe.files) if bad in files] == \
         [probe.at['iter']] and probe.at['iter'] < 2
-    # The update applied is that step by hand on the other sample alone,
-    # from the same state (weights, BN buffers, optimizer state and LR).
-    batch = probe.at['batch']
-    keep = [i for i, s in enumerate(batch['data_samples'])
-            if s.metainfo['img_path'] != bad]
-    assert len(keep) == 1
-    model = runner.model
-    model.load_state_dict(probe.at['state'])
-    runner.optim_wrapper.load_state_dict(probe.at['optimizer'])
-    optimizer = runner.optim_wrapper.optimizer
-    optimizer.zero_grad()
-    data_in = model.data_preprocessor(
-        {'inputs': [batch['inputs'][i] for i in keep],
-         'data_samples': [batch['data_samples'][i] for i in keep]}, True)
-    loss, _ = model.parse_losses(model(**data_in, mode='loss'))
-    loss.backward()
-    optimizer.step()
-    _assert_equal(zoo.weights(runner), probe.at['after'], 'weights')
+    _assert_dropped_by_hand(runner, probe, bad)
     hub = runner.message_hub
     assert hub.get_scalar('train/samples_dropped').current() == 1
     assert hub.get_scalar('train/nan_skipped').current() == 0
@@ -491,10 +524,14 @@ def test_drop_keeps_the_good_sample_and_never_loads_the_bad_one(drop_run):
 
 
 @pytest.mark.zoo
+@pytest.mark.zoo_full
 @pytest.mark.mmdet
 @pytest.mark.skipif(compat.RESUME_BROKEN is not None,
                     reason=str(compat.RESUME_BROKEN))
 def test_a_resumed_run_reads_the_quarantine_back(drop_run):
+    """Full tier: a third epoch of the drop run (DOTA leg; mmengine 0.10.7
+    cannot resume on torch >= 2.6); make test resumes the tiny RetinaNet's
+    quarantine (tests/quarantine/)."""
     first, bad = drop_run['runner'], drop_run['bad']
     cfg = zoo.child_config('retinanet_r50', drop_run['data'], first.work_dir,
                            length=3, hook='line',
@@ -531,9 +568,8 @@ def test_drop_on_the_rotated_retinanet_leaves_out_the_collinear_polygon(
     runner.register_hook(probe)
     runner.train()
     assert runner.iter == len(probe.files) == 2 and probe.at is not None
-    # The step of the bad batch was applied (on the other image).
-    assert any(not torch.equal(after, probe.at['state'][name_])
-               for name_, after in probe.at['after'].items())
+    # The step of the bad batch was applied on the other image alone.
+    _assert_dropped_by_hand(runner, probe, bad)
     hub = runner.message_hub
     assert hub.get_scalar('train/samples_dropped').current() == 1
     assert hub.get_scalar('train/nan_skipped').current() == 0

@@ -1,0 +1,111 @@
+"""A composed sample's non-finite input, traced to the image it came from.
+
+A Mosaic or MixUp sample keeps its main image's ``img_path``; its parts are
+in its metainfo (:data:`~mmnanhook.quarantine._composed.PARTS`). Each part's
+image is loaded again as its dataset's pipeline loads it, before anything
+composes, and checked: the finding then names the part whose pixels are not
+finite, so the quarantine never names the innocent main image.
+"""
+import logging
+
+import numpy as np
+
+from .._log import log
+from ..quarantine._composed import PARTS, mixers, part_image
+from ..records import DataProblem, ProblemCategory
+
+
+def _nonfinite(image):
+    if not isinstance(image, np.ndarray) or image.dtype.kind != 'f':
+        return None
+    nan, inf = int(np.isnan(image).sum()), int(np.isinf(image).sum())
+    return (nan, inf) if nan or inf else None
+
+
+def _index_of(sources, index, path):
+    """The source dataset and index that load ``path`` (``index`` first)."""
+    for source in sources:
+        if index is not None and 0 <= index < len(source) and str(
+                source.get_data_info(index).get('img_path')) == path:
+            return source, index
+    for source in sources:
+        for i in range(len(source)):
+            if str(source.get_data_info(i).get('img_path')) == path:
+                return source, i
+    return None, None
+
+
+def _check(sources, index, path):
+    source, index = _index_of(sources, index, path)
+    if source is None:
+        return None, None
+    return index, _nonfinite(part_image(source, index))
+
+
+def trace_parts(findings, data_batch, dataset):
+    """Point each composed sample's non-finite input at the part it came
+    from (failure path: loads the parts' images again).
+
+    Args:
+        findings (list[SampleFinding]): The batch's findings, changed in
+            place: ``img_path`` becomes the part's file, and the problem
+            says where the values came from.
+        data_batch (dict): The batch.
+        dataset: The train dataset (in this process).
+    """
+    samples = (data_batch or {}).get('data_samples') or []
+    sources = []
+    for _, source, _ in mixers(dataset):
+        if source is not None and all(source is not s for s in sources):
+            sources.append(source)
+    for finding in findings:
+        meta = getattr(samples[finding.index], 'metainfo', {}) \
+            if finding.index < len(samples) else {}
+        if (not sources or ProblemCategory.NONFINITE_INPUT
+                not in finding.categories):
+            continue
+        try:
+            _trace(finding, str(meta.get('img_path')), meta.get(PARTS),
+                   sources)
+        except Exception as error:  # noqa: BLE001 - the main image stays
+            log('mmnanhook: the parts of composed sample %d are unknown '
+                '(%s: %s)' % (finding.index, type(error).__name__, error),
+                logging.WARNING)
+
+
+def _unknown_part(finding, main):
+    """A composed sample whose parts were not recorded (composed by a worker
+    process that started before the guard) and whose main image is
+    finite: a partner made it, which cannot be named. Its finding keeps no
+    file, so that no innocent main image is quarantined."""
+    finding.img_path = None
+    finding.problems = [DataProblem(
+        ProblemCategory.NONFINITE_INPUT,
+        'input of this composed sample is not finite, but its main image {} '
+        'loads finite: a Mosaic/MixUp partner made it, and the parts of this '
+        'sample were not recorded (a worker process that started before '
+        'the quarantine composed it)'.format(main))] + [
+            p for p in finding.problems
+            if p.category != ProblemCategory.NONFINITE_INPUT]
+
+
+def _trace(finding, main, parts, sources):
+    if _check(sources, None, main)[1] is not None:
+        return  # the main image itself is not finite
+    if parts is None:
+        _unknown_part(finding, main)
+        return
+    for index, path in parts:
+        index, bad = _check(sources, index, str(path))
+        if bad is None:
+            continue
+        finding.img_path = str(path)
+        problems = [p for p in finding.problems
+                    if p.category != ProblemCategory.NONFINITE_INPUT]
+        finding.problems = [DataProblem(
+            ProblemCategory.NONFINITE_INPUT,
+            'input of this composed sample (main image {}) is not finite: '
+            'it comes from its part {} (dataset index {}), whose image as '
+            'loaded has {} NaN and {} Inf values'.format(
+                main, path, index, bad[0], bad[1]))] + problems
+        return

@@ -1,0 +1,305 @@
+"""Replays on one rank alone: what communicates in its forward made local.
+
+Under DDP the replays of a trigger (the diagnosis, the one-sample replays,
+the fixes, the search for a micro-step) run on the ranks that triggered, on
+the unwrapped model. A module whose training forward issues a collective
+(torch's ``SyncBatchNorm``, mmcv's ``SyncBatchNorm``, a registered stand-in
+of either), or a loss that averages a normalizer over the ranks (mmdet's
+``reduce_mean`` of ``avg_factor``), would then wait for ranks that are not
+replaying (a hang, or a crash when the peers' next collectives do not
+match), or mix another rank's replay into this one. :func:`local_replays`
+keeps every replay on this rank:
+
+* each module that communicates in its forward gets a batch-norm forward
+  over this rank's batch alone; its forward and its buffers (running
+  statistics included) are put back bitwise afterwards. Modules are found
+  by type, and by a dry check for any other module with running
+  statistics: its training forward on a small input with every collective
+  of ``torch.distributed`` made to raise instead of waiting;
+* every other collective of ``torch.distributed`` called while the replays
+  run is answered on this rank as if every rank held this rank's values (a
+  sum is this value times the world size, a gather this value on every
+  rank, a broadcast changes nothing): a mean over the ranks is this rank's
+  own value. The report counts them.
+"""
+import contextlib
+import functools
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from ..sentinel import BufferSnapshot
+
+# torch.distributed functions that wait on other ranks.
+_COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor',
+                '_all_gather_base', 'reduce_scatter', 'reduce_scatter_tensor',
+                '_reduce_scatter_base', 'broadcast', 'reduce', 'all_to_all',
+                'all_to_all_single', 'barrier', 'gather', 'scatter',
+                'all_gather_object', 'broadcast_object_list')
+# Norm layers that never communicate (no dry check needed).
+_LOCAL = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
+          torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d,
+          torch.nn.InstanceNorm3d)
+
+
+class _Communicated(Exception):
+    """A collective was called during a dry check."""
+
+
+def _refuse(*args, **kwargs):
+    raise _Communicated()
+
+
+@contextlib.contextmanager
+def _no_collectives():
+    saved = [(name, getattr(dist, name)) for name in _COLLECTIVES
+             if hasattr(dist, name)]
+    for name, _ in saved:
+        setattr(dist, name, _refuse)
+    try:
+        yield
+    finally:
+        for name, func in saved:
+            setattr(dist, name, func)
+
+
+def _known_sync_types():
+    types = [torch.nn.SyncBatchNorm]
+    try:
+        from mmcv.ops import SyncBatchNorm
+        types.append(SyncBatchNorm)
+    except Exception:  # noqa: BLE001 - mmcv without ops: nothing of it here
+        pass
+    return tuple(types)
+
+
+def _communicates(module):
+    """The dry check: whether ``module``'s training forward calls a
+    collective (its buffers and mode are put back)."""
+    channels = getattr(module, 'num_features', None)
+    if not isinstance(channels, int) or channels < 1:
+        return False
+    param = next(iter(module.parameters(recurse=False)), None)
+    buffer = getattr(module, 'running_mean', None)
+    like = param if param is not None else buffer
+    if like is None:
+        return False
+    saved = BufferSnapshot(module)
+    training = module.training
+    module.train()
+    try:
+        with _no_collectives(), torch.no_grad():
+            for shape in ((2, channels, 2, 2), (2, channels, 2),
+                          (2, channels)):
+                # No random numbers: the replays' RNG states stay as kept.
+                size = 1
+                for n in shape:
+                    size *= n
+                probe = torch.arange(size, dtype=like.dtype,
+                                     device=like.device).reshape(shape)
+                try:
+                    module(probe)
+                    return False
+                except _Communicated:
+                    return True
+                except Exception:  # noqa: BLE001 - another input rank
+                    continue
+        return False
+    finally:
+        module.train(training)
+        saved.restore()
+
+
+def communicating_modules(model):
+    """``(name, module)`` of every module of ``model`` whose training
+    forward communicates with other ranks."""
+    known = _known_sync_types()
+    found, checked = [], {}
+    for name, module in model.named_modules():
+        if isinstance(module, known):
+            found.append((name, module))
+            continue
+        if type(module) in _LOCAL or not isinstance(
+                getattr(module, 'running_mean', None), torch.Tensor):
+            continue
+        cls = type(module)
+        if cls not in checked:
+            checked[cls] = _communicates(module)
+        if checked[cls]:
+            found.append((name, module))
+    return found
+
+
+def _local_forward(module):
+    if isinstance(module, _BatchNorm):
+        # torch's own batch norm over the input given: this rank's batch.
+        return functools.partial(_BatchNorm.forward, module)
+
+    def forward(input):
+        momentum = module.momentum if module.momentum is not None else 0.0
+        return F.batch_norm(input, module.running_mean, module.running_var,
+                            module.weight, module.bias, module.training,
+                            momentum, module.eps)
+
+    return forward
+
+
+class _Done(object):
+    """The work handle of a collective answered locally (``async_op``)."""
+
+    def wait(self, *args, **kwargs):
+        return True
+
+    def is_completed(self):
+        return True
+
+    def is_success(self):
+        return True
+
+
+def _size(group):
+    return dist.get_world_size(group) if group is not None else \
+        dist.get_world_size()
+
+
+def _rank(group):
+    return dist.get_rank(group) if group is not None else dist.get_rank()
+
+
+def _times(tensor, op, n):
+    """``tensor`` reduced by ``op`` over ``n`` ranks that all hold it."""
+    if op is None or op == dist.ReduceOp.SUM:
+        tensor.mul_(n)
+    elif op == dist.ReduceOp.PRODUCT:
+        tensor.pow_(n)
+    # AVG, MIN, MAX and the bitwise ones: the value itself.
+
+
+def _local_collectives(calls):
+    """Collective name -> its local answer; each call counted in
+    ``calls``."""
+
+    def counted(name, answer):
+        def local(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            with torch.no_grad():
+                answer(*args, **kwargs)
+            return _Done() if kwargs.get('async_op') else None
+        return local
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        _times(tensor, op, _size(group))
+
+    def reduce(tensor, dst=0, op=None, group=None, async_op=False):
+        _times(tensor, op, _size(group))
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        for out in tensor_list:
+            out.copy_(tensor)
+
+    def gather_into(output, input, group=None, async_op=False):
+        output.copy_(torch.cat([input] * _size(group)).view_as(output))
+
+    def reduce_scatter(output, input_list, op=None, group=None,
+                       async_op=False):
+        output.copy_(input_list[_rank(group)])
+        _times(output, op, _size(group))
+
+    def reduce_scatter_tensor(output, input, op=None, group=None,
+                              async_op=False):
+        output.copy_(input.chunk(_size(group))[_rank(group)].view_as(output))
+        _times(output, op, _size(group))
+
+    def all_gather_object(object_list, obj, group=None):
+        object_list[:] = [obj] * len(object_list)
+
+    def unchanged(*args, **kwargs):
+        pass
+
+    answers = dict(all_reduce=all_reduce, reduce=reduce,
+                   all_gather=all_gather, all_gather_into_tensor=gather_into,
+                   _all_gather_base=gather_into,
+                   reduce_scatter=reduce_scatter,
+                   reduce_scatter_tensor=reduce_scatter_tensor,
+                   _reduce_scatter_base=reduce_scatter_tensor,
+                   all_gather_object=all_gather_object, broadcast=unchanged,
+                   broadcast_object_list=unchanged, barrier=unchanged)
+    return dict((name, counted(name, answer))
+                for name, answer in answers.items() if hasattr(dist, name))
+
+
+class LocalReplays(object):
+    """What :func:`local_replays` kept on this rank.
+
+    Attributes:
+        modules (list[str]): ``name (type)`` of each module made local.
+        calls (dict): Collective -> how many calls the replays made,
+            answered on this rank.
+    """
+
+    def __init__(self, modules):
+        self.modules = modules
+        self.calls = {}
+
+    def describe(self):
+        """One sentence for the report, or ``None`` when nothing was made
+        local."""
+        parts = []
+        if self.modules:
+            types = sorted(set(m.split(' (')[1].rstrip(')')
+                               for m in self.modules))
+            parts.append(
+                '{} module(s) that communicate in their forward ({}) '
+                "normalized with this rank's batch statistics, their forward "
+                'and running statistics put back afterwards'.format(
+                    len(self.modules), ', '.join(types)))
+        if self.calls:
+            parts.append(
+                '{} answered on this rank as if every rank held its values'
+                .format(', '.join('{} x{}'.format(name, n) for name, n in
+                                  sorted(self.calls.items()))))
+        if not parts:
+            return None
+        return 'replayed on this rank alone: ' + '; '.join(parts)
+
+
+@contextlib.contextmanager
+def local_replays(modules, distributed=True):
+    """Replays on this rank alone while the block runs.
+
+    Args:
+        modules (list[tuple]): ``(name, module)`` of the modules that
+            communicate in their forward (:func:`communicating_modules`).
+        distributed (bool): Whether other ranks train: the collectives are
+            answered locally only then.
+
+    Yields:
+        LocalReplays: What was made local; its ``calls`` fill while the
+        block runs.
+    """
+    scope = LocalReplays(['%s (%s)' % (name or '<model>',
+                                       type(module).__name__)
+                          for name, module in modules])
+    saved = []
+    for name, module in modules:
+        own = vars(module)
+        saved.append((module, 'forward' in own, own.get('forward'),
+                      BufferSnapshot(module)))
+        module.forward = _local_forward(module)
+    answers = _local_collectives(scope.calls) if distributed else {}
+    real = dict((name, getattr(dist, name)) for name in answers)
+    for name, answer in answers.items():
+        setattr(dist, name, answer)
+    try:
+        yield scope
+    finally:
+        for name, func in real.items():
+            setattr(dist, name, func)
+        for module, had, old, buffers in saved:
+            if had:
+                module.forward = old
+            else:
+                del module.forward
+            buffers.restore()

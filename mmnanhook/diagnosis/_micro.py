@@ -1,0 +1,42 @@
+"""Which micro-step of an accumulated update step made its gradients
+non-finite, when every loss was finite.
+
+The check sees only the gradients summed over the micro-steps; a non-finite
+loss names its micro-step, a gradient-only fault does not. Replaying each
+micro-step's backward alone, from its own RNG state, finds it.
+"""
+import functools
+
+import torch
+
+from ..records import Trigger
+from ..sentinel import restore_rng
+from ._session import ReplaySession
+from ._state import PreservedModelState, preserved_rng
+
+
+def locate_micro_step(event, model, steps):
+    """Set ``event.bad_grad_iter`` for a gradient-only trigger of several
+    micro-steps; return ``event.fail_iter``.
+
+    Args:
+        event (NonFiniteEvent): The trigger.
+        model (nn.Module): The unwrapped model, before the update step (its
+            gradients and buffers are put back).
+        steps (list[tuple]): ``(iter, data_batch, rng_state)`` of the
+            micro-steps since the last update step, oldest first (none:
+            nothing is replayed).
+    """
+    if (event.trigger != Trigger.GRAD or event.bad_loss_iters
+            or len(steps) < 2):
+        return event.fail_iter
+    with preserved_rng(), torch.enable_grad(), \
+            PreservedModelState(model) as state:
+        for iter, batch, rng in steps:
+            replay = ReplaySession(model, batch,
+                                   functools.partial(restore_rng, rng),
+                                   state, None).run()
+            if replay.nonfinite_grad_count:
+                event.bad_grad_iter = iter
+                break
+    return event.fail_iter

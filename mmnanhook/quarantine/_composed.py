@@ -1,0 +1,262 @@
+"""Composed samples: one sample made of several dataset samples.
+
+mmdet's ``Mosaic`` and ``MixUp`` (under ``MultiImageMixDataset``) draw
+partners from the dataset with ``get_indexes``; ``CachedMosaic`` and
+``CachedMixUp`` draw them from a cache each transform keeps. Both happen in
+the loader's worker processes, out of reach of the sampler.
+:class:`ComposedGuard` binds onto those transform instances before the
+workers start (they inherit them, and the blocked flags, when they fork):
+
+* each composed sample names its parts in its metainfo (:data:`PARTS`:
+  ``[[dataset index, img_path], ...]``, packed by ``PackDetInputs``), so the
+  diagnosis can trace a non-finite input to the image it came from and the
+  quarantine name that file;
+* a quarantined part is never drawn again: partners are drawn anew while one
+  is blocked, and blocked entries leave the caches. Both read one shared
+  byte while nothing is quarantined, and only then draw from ``random``
+  again, so a run without a quarantine keeps its data and RNG draws.
+
+Worker processes forked before the guard (``IterBasedTrainLoop`` starts
+them when it is built, before any hook runs) are replaced at the first
+quarantine (:mod:`._workers`).
+"""
+import ctypes
+import multiprocessing
+
+import numpy as np
+
+# The metainfo key of a composed sample's parts.
+PARTS = 'mmnan_parts'
+# Draws of partners before giving up on finding unquarantined ones.
+_DRAWS = 100
+
+
+def _steps(pipeline):
+    """The transform instances of a pipeline (a list, or a ``Compose``)."""
+    steps = getattr(pipeline, 'transforms', pipeline)
+    return list(steps) if isinstance(steps, (list, tuple)) else []
+
+
+def mixers(dataset):
+    """Every transform that composes samples in ``dataset``'s pipelines.
+
+    Yields:
+        tuple: ``(transform, source, steps)``: the dataset its partners'
+        indices refer to (its own for a cached one, the wrapped one under
+        ``MultiImageMixDataset``), and the pipeline it is a step of.
+    """
+    seen, stack = set(), [dataset]
+    while stack:
+        current = stack.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        inner = getattr(current, 'dataset', None)
+        steps = _steps(getattr(current, 'pipeline', None))
+        for step in steps:
+            if callable(getattr(step, 'get_indexes', None)):
+                cached = isinstance(getattr(step, 'results_cache', None), list)
+                yield step, current if cached else inner, steps
+        stack.append(inner)
+        stack.extend(getattr(current, 'datasets', None) or [])
+
+
+def parts_of(results):
+    """``[[index, img_path], ...]`` of the samples a loaded (or composed)
+    sample's results are made of: itself and its own parts."""
+    own = [[results.get('sample_idx'), results.get('img_path')]]
+    return own + [list(p) for p in results.get(PARTS) or ()]
+
+
+def _shared_flags(n):
+    # Fork-inherited shared memory, written by the main process only.
+    return np.frombuffer(multiprocessing.RawArray(ctypes.c_uint8, max(n, 1)),
+                         dtype=np.uint8)
+
+
+class _Source(object):
+    """A dataset partners are drawn from, and which of its indices are
+    blocked."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+        self.flags = _shared_flags(len(dataset))
+        self._files = None
+
+    def blocked(self, index):
+        return index is not None and 0 <= index < len(self.flags) and bool(
+            self.flags[index])
+
+    def block(self, file):
+        if self._files is None:
+            # Failure path, once: the file each index loads.
+            self._files = {}
+            for index in range(len(self.dataset)):
+                info = self.dataset.get_data_info(index)
+                self._files.setdefault(info.get('img_path'), []).append(index)
+        for index in self._files.get(file, ()):
+            self.flags[index] = 1
+
+
+class ComposedGuard(object):
+    """Parts recorded, quarantined ones never drawn, in one train dataset.
+
+    Args:
+        dataset: The train dataset, in the main process, before its worker
+            processes start.
+
+    Attributes:
+        bound (bool): Whether any transform of it composes samples.
+    """
+
+    def __init__(self, dataset):
+        self._on = _shared_flags(1)
+        self._sources = {}
+        self._undo = []
+        for step, source, steps in mixers(dataset):
+            if source is None:
+                continue
+            key = id(source)
+            if key not in self._sources:
+                self._sources[key] = _Source(source)
+            self._bind(step, self._sources[key])
+            for packer in steps:
+                keys = getattr(packer, 'meta_keys', None)
+                if isinstance(keys, (list, tuple)) and PARTS not in keys:
+                    self._pack(packer, keys)
+
+    @property
+    def bound(self):
+        return bool(self._undo)
+
+    def block(self, file):
+        """Never draw the samples that load ``file`` as parts again (in the
+        workers too: the flags are shared)."""
+        for source in self._sources.values():
+            source.block(file)
+        self._on[0] = 1
+
+    def remove(self):
+        """Unbind from the transforms (the main process's copies)."""
+        while self._undo:
+            obj, name, old = self._undo.pop()
+            if name == 'meta_keys':
+                obj.meta_keys = old
+            else:
+                vars(obj).pop(name, None)
+
+    def _pack(self, packer, keys):
+        # mmdet 3.1's PackDetInputs asserts every meta key is in the
+        # results: a sample no step composed (a Mosaic switched off) has
+        # no parts.
+        transform = packer.transform
+
+        def packed(results):
+            results.setdefault(PARTS, [])
+            return transform(results)
+
+        self._undo.append((packer, 'meta_keys', keys))
+        packer.meta_keys = tuple(keys) + (PARTS, )
+        self._undo.append((packer, 'transform', None))
+        packer.transform = packed
+
+    def _bind(self, step, source):
+        on = self._on
+        cached = isinstance(getattr(step, 'results_cache', None), list)
+        get_indexes, transform = step.get_indexes, step.transform
+        drawn = []
+
+        def blocked(entry):
+            return any(source.blocked(i) for i, _ in parts_of(entry))
+
+        def guarded_get_indexes(pool):
+            indexes = get_indexes(pool)
+            if on[0] and not cached:
+                for _ in range(_DRAWS):
+                    if not any(source.blocked(i) for i in _as_list(indexes)):
+                        break
+                    indexes = get_indexes(pool)
+            if cached:
+                drawn[:] = [p for i in _as_list(indexes)
+                            for p in parts_of(pool[i])]
+            return indexes
+
+        def guarded_transform(results):
+            if cached and on[0]:
+                step.results_cache[:] = [e for e in step.results_cache
+                                         if not blocked(e)]
+            del drawn[:]
+            own = list(results.get(PARTS) or ())
+            mixed = results.get('mix_results') or ()
+            out = transform(results)
+            parts = list(drawn) if cached else [
+                p for r in mixed for p in parts_of(r)]
+            if out is not None and parts:
+                out[PARTS] = own + parts
+            return out
+
+        for name, func in (('get_indexes', guarded_get_indexes),
+                           ('transform', guarded_transform)):
+            self._undo.append((step, name, None))
+            setattr(step, name, func)
+
+
+def _as_list(indexes):
+    return list(indexes) if isinstance(indexes, (list, tuple)) else [indexes]
+
+
+def part_image(source, index):
+    """The image of ``source``'s sample ``index`` as its pipeline loads it,
+    before any transform composes (failure path: no RNG drawn).
+
+    Returns:
+        numpy.ndarray | None: ``results['img']``.
+    """
+    steps = _steps(getattr(source, 'pipeline', None))
+    if not any(callable(getattr(s, 'get_indexes', None)) for s in steps):
+        # What MultiImageMixDataset loads a partner with.
+        results = source[index]
+        return None if results is None else results.get('img')
+    results = source.get_data_info(index)
+    for step in steps:
+        if callable(getattr(step, 'get_indexes', None)) or results is None:
+            break
+        results = step(results)
+    return None if results is None else results.get('img')
+
+
+def quarantined_part(sample, files):
+    """The first part of a composed data sample that loads one of
+    ``files``, or ``None``."""
+    meta = getattr(sample, 'metainfo', None) or {}
+    for _, path in meta.get(PARTS) or ():
+        if path in files:
+            return path
+    return None
+
+
+def guard_composed(runner, files):
+    """Bind a :class:`ComposedGuard` onto ``runner``'s train dataset, the
+    quarantined ``files`` blocked (worker processes that already run are
+    :mod:`._workers`' concern).
+
+    Returns:
+        ComposedGuard: Its ``block`` is called for each file quarantined
+        later.
+    """
+    loader = runner.train_dataloader
+    context = getattr(loader, 'multiprocessing_context', None) or \
+        multiprocessing.get_context()
+    if getattr(loader, 'num_workers', 0) and \
+            context.get_start_method() != 'fork':
+        # The bound transforms are closures: a spawned worker could not
+        # unpickle the dataset.
+        runner.logger.warning(
+            'mmnanhook: the train dataloader starts its workers with %r, '
+            'not fork: Mosaic/MixUp partners are not checked against the '
+            'quarantine' % context.get_start_method())
+        return ComposedGuard(None)
+    guard = ComposedGuard(loader.dataset)
+    for file in files:
+        guard.block(file)
+    return guard

@@ -1,0 +1,78 @@
+"""Quarantined samples out of a dataloader iterator that is already running.
+
+``IterBasedTrainLoop`` calls ``iter(dataloader)`` before any hook runs, and
+``InfiniteSampler``'s iterator never ends: a sampler swapped in
+``before_train`` is never read by it. torch's ``_BaseDataLoaderIter`` draws
+every index batch in the main process through ``next(self._sampler_iter)``
+(the single-process iterator when it loads, the multi-process one when it
+sends indices to a worker; torch 1.7 to 2.x), so :func:`install_stream`
+wraps that iterator: each index batch handed out from then on has its
+quarantined indices replaced. The iterator is not rebuilt (that would draw a
+new base seed from the torch RNG); the wrapper only reads from it, so while
+nothing is quarantined every batch is the object torch would have used.
+
+A persistent iterator's ``_reset`` (each epoch) draws a new index iterator
+from the batch sampler, whose sampler :func:`.install_sampler` wrapped.
+"""
+from numbers import Integral
+
+
+class IndexStream(object):
+    """The index batches of ``source`` with quarantined indices replaced.
+
+    Args:
+        source: The iterator torch's dataloader iterator drew from.
+        substitute (Substitutes): Gives each index.
+    """
+
+    def __init__(self, source, substitute):
+        self.source = source
+        self.substitute = substitute
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        batch = next(self.source)
+        if isinstance(batch, Integral):  # batch_size=None: one index
+            return self.substitute(batch)
+        if not isinstance(batch, list) or not any(
+                isinstance(i, Integral) and i in self.substitute.blocked
+                for i in batch):
+            return batch
+        return [self.substitute(i) if isinstance(i, Integral) else i
+                for i in batch]
+
+
+def live_iterators(runner):
+    """torch dataloader iterators of ``runner``'s training already started:
+    ``IterBasedTrainLoop``'s, and the one a loader with persistent workers
+    keeps."""
+    found = []
+    iterator = getattr(runner.train_loop, 'dataloader_iterator', None)
+    for candidate in (getattr(iterator, '_iterator', None),
+                      getattr(runner.train_dataloader, '_iterator', None)):
+        if (getattr(candidate, '_sampler_iter', None) is not None
+                and all(candidate is not f for f in found)):
+            found.append(candidate)
+    return found
+
+
+def install_stream(runner, substitute):
+    """Wrap the index stream of every live iterator of ``runner``.
+
+    Returns:
+        callable: Puts the iterators' own index streams back.
+    """
+    wrapped = []
+    for iterator in live_iterators(runner):
+        stream = IndexStream(iterator._sampler_iter, substitute)
+        iterator._sampler_iter = stream
+        wrapped.append((iterator, stream))
+
+    def remove():
+        for iterator, stream in wrapped:
+            if iterator._sampler_iter is stream:
+                iterator._sampler_iter = stream.source
+
+    return remove

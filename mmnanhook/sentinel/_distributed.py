@@ -1,0 +1,270 @@
+"""One decision on every rank: the votes and exchanges of a DDP run.
+
+Under DDP every rank must issue the same collectives in the same order, or a
+rank waits alone (a hang) or its peers' next collectives do not match (a
+crash). The update step's check already decides alike on every rank (its
+flags are all-reduced); what it cannot see is a forward that raised, and what
+each rank's own diagnosis found. :class:`Ranks` carries both:
+
+* :meth:`Ranks.vote`, after every forward and before its backward: whether
+  any rank's forward raised. A rank whose forward went fine learns it there
+  (:class:`PeerForwardFailed`) instead of waiting in DDP's gradient
+  all-reduce for a rank that never comes.
+* :meth:`Ranks.exchange`, once per trigger every rank saw, after the ranks
+  that triggered replayed their batch alone: each rank's
+  :class:`~mmnanhook.records.RankFinding` gathered on every rank, from which
+  each takes the same decision (:func:`drop_decision`), names the culprit in
+  its bundle and quarantines the union.
+
+Votes and exchanges travel in a gloo group: the default group under gloo,
+one of its own under NCCL, so that a vote is a host round trip, not a device
+sync.
+"""
+import os
+
+import torch
+import torch.distributed as dist
+from mmengine.dist import all_gather_object, get_dist_info
+
+from .._batch import batch_size
+from ..records import NONFINITE_DATA, RankFinding
+from ._drop import samples_to_drop
+
+
+class PeerForwardFailed(RuntimeError):
+    """The forward raised on another rank: no rank runs this backward.
+
+    Args:
+        ranks (list[int]): The ranks whose forward raised.
+    """
+
+    def __init__(self, ranks):
+        self.ranks = list(ranks)
+        super(PeerForwardFailed, self).__init__(
+            'the forward raised on rank(s) %s' %
+            ', '.join(map(str, self.ranks)))
+
+
+class Ranks(object):
+    """The ranks of a distributed run, and the group they decide in.
+
+    Args:
+        rank (int): This rank.
+        world_size (int): The ranks.
+        group: The gloo process group (``dist.group.WORLD``: the default
+            one; torch 1.7 refuses ``None``).
+        own_group (bool): Whether :meth:`close` destroys ``group``.
+    """
+
+    def __init__(self, rank, world_size, group, own_group=False):
+        self.rank = rank
+        self.world_size = world_size
+        self.group = group
+        self._own_group = own_group
+
+    @classmethod
+    def start(cls):
+        """The run's :class:`Ranks`, or ``None`` without other ranks.
+
+        Called on every rank at the same point (``before_train``): creating
+        a group is itself a collective.
+        """
+        rank, world_size = get_dist_info()
+        if world_size < 2:
+            return None
+        if dist.get_backend() == 'gloo':
+            return cls(rank, world_size, dist.group.WORLD)
+        return cls(rank, world_size, dist.new_group(backend='gloo'), True)
+
+    @property
+    def writes(self):
+        """Whether this rank writes the run's shared files: the first rank
+        of each node, which may not share the work dir (torch's launchers
+        and mmengine's slurm start set ``LOCAL_RANK``)."""
+        local = os.environ.get('LOCAL_RANK')
+        return int(local) == 0 if local is not None else self.rank == 0
+
+    def vote(self, raised):
+        """Every rank says whether its forward raised.
+
+        Returns:
+            list[int]: The ranks whose forward raised.
+        """
+        flags = torch.zeros(self.world_size)
+        flags[self.rank] = float(bool(raised))
+        dist.all_reduce(flags, group=self.group)
+        return [r for r in range(self.world_size) if flags[r] > 0]
+
+    def before_backward(self):
+        """Vote for a forward that went fine.
+
+        Raises:
+            PeerForwardFailed: Another rank's forward raised.
+        """
+        failed = self.vote(False)
+        if failed:
+            raise PeerForwardFailed(failed)
+
+    def exchange(self, finding):
+        """Gather every rank's finding.
+
+        Args:
+            finding (RankFinding): This rank's.
+
+        Returns:
+            list[RankFinding]: Every rank's, by rank.
+        """
+        return [RankFinding.from_dict(f) for f in all_gather_object(
+            finding.to_dict(), group=self.group)]
+
+    def close(self):
+        """Give back the group of its own (local: no collective)."""
+        if self._own_group:
+            dist.destroy_process_group(self.group)
+        self._own_group = False
+
+
+class Exchange(object):
+    """The exchange of one trigger: :meth:`Ranks.exchange` at most once,
+    wherever this rank reaches it first (inside its diagnosis, or after it
+    on a rank that did not diagnose).
+
+    Args:
+        ranks (Ranks): The run's ranks.
+    """
+
+    def __init__(self, ranks):
+        self.ranks = ranks
+        self.findings = None
+
+    def __call__(self, finding):
+        if self.findings is None:
+            self.findings = self.ranks.exchange(finding)
+        return self.findings
+
+
+def received(finding, findings):
+    """Whether ``finding``'s rank only received the failure: its own batch
+    replays finite alone while samples of another rank fail (through SyncBN
+    statistics, or its forward raised on them)."""
+    return finding.reproduced is False and any(
+        f.culprit for f in findings if f.rank != finding.rank)
+
+
+class DropDecision(object):
+    """What ``'drop'`` does on every rank, the same on all.
+
+    Args:
+        culprits (list[RankFinding]): The ranks that leave samples out,
+            each with its ``drop`` and ``iter``.
+        world_size (int): The ranks.
+        reason (str, optional): Why every rank skips instead.
+    """
+
+    def __init__(self, culprits=(), world_size=1, reason=None):
+        self.culprits = dict((f.rank, f) for f in culprits)
+        self.world_size = world_size
+        self.reason = reason
+
+    def indices(self, rank):
+        """Batch positions ``rank`` leaves out (of its batch at
+        :meth:`iter`)."""
+        finding = self.culprits.get(rank)
+        return list(finding.drop) if finding is not None else []
+
+    def iter(self, rank, default):
+        """The iteration whose batch ``rank`` leaves samples out of."""
+        finding = self.culprits.get(rank)
+        return finding.iter if finding is not None else default
+
+    def empty(self, rank):
+        """Whether ``rank`` leaves its whole batch out: it takes part with
+        a zero loss that touches every parameter."""
+        finding = self.culprits.get(rank)
+        return finding is not None and len(finding.drop) >= (
+            finding.batch_size or 0)
+
+    def factor(self, iter):
+        """What the losses of iteration ``iter`` are multiplied by on the
+        ranks that have samples in it, so that DDP's mean over the ranks is
+        the mean over those: ``world_size / (world_size - empty ranks)``."""
+        empty = sum(1 for rank, f in self.culprits.items()
+                    if f.iter == iter and self.empty(rank))
+        return float(self.world_size) / (self.world_size - empty)
+
+    @property
+    def dropped(self):
+        """Samples left out on all ranks together."""
+        return sum(len(f.drop) for f in self.culprits.values())
+
+    @property
+    def found(self):
+        """The findings of every sample left out, on all ranks (what the
+        quarantine lists), as ``report.json`` writes them."""
+        return [dict(s.to_dict(), rank=f.rank)
+                for f in self.culprits.values() for s in f.samples
+                if s.index in f.drop]
+
+
+def drop_decision(findings, world_size, communicates, can_zero=True):
+    """The one drop every rank takes, from every rank's finding.
+
+    Args:
+        findings (list[RankFinding]): Every rank's.
+        world_size (int): The ranks.
+        communicates (list[str]): Modules that communicate in their forward
+            (SyncBN): a rank without samples could not take part in their
+            collectives.
+        can_zero (bool): Whether a rank without samples can take part in
+            the gradient all-reduce with a zero loss (a DDP model).
+
+    Returns:
+        DropDecision: With ``reason`` set when every rank skips.
+    """
+    culprits = [f for f in findings if f.culprit]
+    if not culprits:
+        return DropDecision(reason='no rank\'s samples fail on their own')
+    for finding in culprits:
+        if finding.drop is None:
+            return DropDecision(reason='rank %d: %s' % (
+                finding.rank, finding.reason))
+    decision = DropDecision(culprits, world_size)
+    empty = [f.rank for f in culprits if decision.empty(f.rank)]
+    if not empty:
+        return decision
+    if communicates or not can_zero:
+        why = ('%d module(s) communicate in their forward (%s)' % (
+            len(communicates), communicates[0]) if communicates else
+            'the model is not wrapped in DistributedDataParallel')
+        return DropDecision(reason=(
+            'every sample of rank(s) %s fails, and %s: a rank without '
+            'samples cannot take part in the step' % (
+                ', '.join(map(str, empty)), why)))
+    if len(empty) >= world_size:
+        return DropDecision(reason='every sample of every rank fails')
+    return decision
+
+
+def rank_finding(rank, report=None, data_batch=None, iter=None,
+                 raises=False):
+    """This rank's :class:`~mmnanhook.records.RankFinding` of a trigger.
+
+    Args:
+        rank (int): This rank.
+        report (Report, optional): Its diagnosis; ``None`` when it did not
+            diagnose.
+        data_batch (optional): The batch it replayed.
+        iter (int, optional): That batch's iteration.
+        raises (bool): Its forward raised an exception no policy handles.
+    """
+    if report is None or report.kind is None:
+        return RankFinding(rank, iter=iter, raises=raises)
+    n = batch_size(data_batch) if data_batch is not None else None
+    drop, reason = samples_to_drop(
+        dict(kind=report.kind.value,
+             samples=[s.to_dict() for s in report.samples]), n, whole=True)
+    nonfinite = any(s.categories.intersection(NONFINITE_DATA)
+                    for s in report.batch_problems)
+    return RankFinding(
+        rank, report.kind.value, report.samples, iter, n, drop, reason,
+        nonfinite, report.kind not in ('not_reproduced', ), raises)
