@@ -20,21 +20,20 @@ from . import compat
 from ._mmengine import is_ddp, unwrap_model
 from .errors import CheckBypassedError, NonFiniteError
 from .diagnosis import (communicating_modules, default_dump_dir,
-                        divergence_evidence, handle_incident, largest_param,
+                        evidence_before, handle_incident, largest_param,
                         local_replays, locate_micro_step)
 from .options import (CheckOptions, QuarantineOptions, RewindOptions,
                       check_anomaly, check_bool, check_count, check_path,
                       is_count)
 from .quarantine import start_quarantine
 from .quarantine._inflight import call_with
-from .diagnosis._divergence import rising as _rising
 from .records import Trigger
 from .report import forget_nonfinite, to_visualizer
-from .sentinel import (FIELDS, BufferSnapshot, BypassGuard, Dropper,
-                       Exchange, History, Listener, Ranks, Rewinder,
-                       StepMemory, drop_decision, forward_failed,
+from .sentinel import (BufferSnapshot, BypassGuard, Dropper, Exchange,
+                       History, Listener, Ranks, Rewinder, StepMemory,
+                       data_culprits, drop_decision, forward_failed,
                        install_nan_detect, loss_terms, param_norms,
-                       rank_finding, received)
+                       rank_finding, step_record)
 
 
 @HOOKS.register_module()
@@ -327,24 +326,13 @@ class NanDetectHook(Hook, Listener):
 
     def _record(self, runner, **values):
         """This iteration's history record; ``values`` override."""
-        scalars = runner.message_hub.log_scalars
-        record = {}
-        for field in FIELDS:
-            buffer = scalars.get('train/' + field)
-            record[field] = None if buffer is None else buffer.current()
-        # The check's values are what every rank saw (MessageHub's loss is
-        # this rank's).
-        for field in ('loss', 'grad_norm', 'loss_scale'):
-            if self._step.get(field) is not None:
-                record[field] = self._step[field]
         rewinder = self._rewinder
-        if (rewinder is not None and rewinder.cooldown_left
-                and record['lr'] is not None):
-            record['lr'] *= rewinder.factor  # the LR the step really used
-        record.update(values)
-        record.update(iter=runner.iter, spike=self._step.get('spikes'),
-                      rewind=self._rewound_at)
-        return record
+        return step_record(
+            runner.message_hub.log_scalars, self._step,
+            rewinder.factor if rewinder is not None and
+            rewinder.cooldown_left else None,
+            **dict(dict(iter=runner.iter, rewind=self._rewound_at),
+                   **values))
 
     def _wrap_train_step(self, runner, train_step):
 
@@ -523,21 +511,11 @@ class NanDetectHook(Hook, Listener):
         """What ``'drop'`` (or ``quarantine_skips``) does with the samples
         the diagnosis, or every rank's (DDP), singled out."""
         findings = result.get('findings')
-        if findings is None:
-            report = result.get('report') or {}
-            data = report.get('kind') == 'data'
-            samples = report.get('samples') or []
-        else:
-            culprits = [f for f in findings if f.kind == 'data']
-            # A forward that raised on every rank it raised on because of
-            # data (the ranks that only received it aside).
-            data = bool(culprits) and all(
-                f.kind == 'data' or received(f, findings) for f in findings
-                if f.rank in event.bad_ranks)
-            samples = [dict(s.to_dict(), rank=f.rank) for f in culprits
-                       for s in f.samples]
-        exception = event.trigger == Trigger.EXCEPTION
-        if policy == 'drop' and (not exception or data):
+        report = result.get('report') or {}
+        data, samples = (report.get('kind') == 'data',
+                         report.get('samples') or []) if findings is None \
+            else data_culprits(event, findings)
+        if policy == 'drop' and (event.trigger != Trigger.EXCEPTION or data):
             self._step['event'] = event
             decision = None if findings is None else drop_decision(
                 findings, event.world_size,
@@ -567,26 +545,13 @@ class NanDetectHook(Hook, Listener):
 
     def _divergence(self, event):
         """Evidence of a divergence before ``event``, or ``None``."""
-        detector = self._detector()
-        earlier = []
-        if detector is not None:
-            earlier = [s.to_dict() for s in detector.spikes
-                       if event.iter - self.check_options.spike_window
-                       <= s.iter < event.iter]
-        records = self._history.records() + [self._event_record(event)]
-        if not earlier and not _rising(records):
-            return None
-        model = unwrap_model(self._runner.model)
-        reference = self._spike_norms
-        if self._rewinder is not None:
-            began = earlier[0]['iter'] if earlier else event.iter
-            snapshot = self._rewinder.store.before(began)
-            reference = snapshot.norms if snapshot is not None else reference
-        return divergence_evidence(
-            records, earlier, reference, param_norms(model),
-            grad_median=detector.median('grad_norm')
-            if detector is not None else None,
-            amp=event.loss_scale is not None)
+        rewinder = self._rewinder
+        return evidence_before(
+            event, self._history.records() + [self._event_record(event)],
+            self._detector(), self.check_options.spike_window,
+            self._spike_norms,
+            rewinder.store if rewinder is not None else None,
+            lambda: param_norms(unwrap_model(self._runner.model)))
 
     def _event_record(self, event):
         return self._record(self._runner, loss=event.losses.get('loss'),

@@ -22,7 +22,8 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
                     batch_size, check_batch, check_boxes, declared_size,
                     declared_sizes, split_batch)
 from ._diagnose import diagnose
-from ._divergence import apply_divergence, divergence_evidence
+from ._divergence import (apply_divergence, divergence_evidence,
+                          evidence_before)
 from ._incident import default_dump_dir, handle_incident
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
@@ -33,6 +34,7 @@ __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
     'communicating_modules', 'divergence_evidence', 'declared_size',
+    'evidence_before',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'handle_incident',
     'largest_param', 'local_replays', 'locate_micro_step', 'split_batch',
     'TrainPipeline', 'train_pipeline'

@@ -193,3 +193,37 @@ def apply_divergence(report, evidence, rewind=None):
     report.kind = 'divergence'
     report.fixes = [lower_lr_fix(report.divergence, rewind)]
     return True
+
+
+def evidence_before(event, records, detector, window, reference=None,
+                    snapshots=None, norms=None):
+    """Evidence of a divergence before a trigger, or ``None``.
+
+    Args:
+        event (NonFiniteEvent): The trigger.
+        records (list[dict]): History records, the trigger's last.
+        detector (SpikeDetector, optional): The run's spikes and bands.
+        window (int): Iterations back a spike still tells of a divergence.
+        reference (dict, optional): Parameter norms when the current run of
+            spikes began.
+        snapshots (SnapshotStore, optional): Under ``'rewind'``: the norms
+            of the last good snapshot before the divergence are the
+            reference instead.
+        norms (callable, optional): The parameter norms now (failure path
+            only: called when there is evidence).
+    """
+    earlier = []
+    if detector is not None:
+        earlier = [s.to_dict() for s in detector.spikes
+                   if event.iter - window <= s.iter < event.iter]
+    if not earlier and not rising(records):
+        return None
+    if snapshots is not None:
+        began = earlier[0]['iter'] if earlier else event.iter
+        snapshot = snapshots.before(began)
+        reference = snapshot.norms if snapshot is not None else reference
+    return divergence_evidence(
+        records, earlier, reference, norms() if norms else None,
+        grad_median=detector.median('grad_norm')
+        if detector is not None else None,
+        amp=event.loss_scale is not None)

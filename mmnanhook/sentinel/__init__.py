@@ -8,6 +8,7 @@
 * :mod:`._wrapper`: the MMEngine adapter bound onto an ``OptimWrapper``
   instance, the registered ``NanDetect*OptimWrapper`` classes,
   :func:`install_nan_detect`.
+* :mod:`._supported`: which optim wrappers can be checked.
 * :mod:`._guard`: the bypass guard.
 * :mod:`._spikes`: robust spike bands of the loss and the gradient norm.
 * :mod:`._rewind`: snapshots of good states and going back to one.
@@ -23,11 +24,12 @@
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      answer_text, describe_losses, loss_terms)
 from ._distributed import (DropDecision, Exchange, PeerForwardFailed, Ranks,
-                           drop_decision, rank_finding, received)
+                           data_culprits, drop_decision, rank_finding,
+                           received)
 from ._drop import DropPlan, Dropper, drop_unavailable, samples_to_drop
 from ._forward import forward_failed, raised_by_nonfinite
 from ._guard import BypassGuard
-from ._history import FIELDS, History
+from ._history import FIELDS, History, step_record
 from ._norms import GradNorms, clip_grads_with_norm_
 from ._rewind import Rewinder, Snapshot, SnapshotStore, param_norms
 from ._rng import capture_rng, restore_rng
@@ -47,9 +49,10 @@ __all__ = [
     'StepContext',
     'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
     'capture_rng',
-    'clip_grads_with_norm_', 'describe_losses', 'drop_decision',
+    'clip_grads_with_norm_', 'data_culprits', 'describe_losses',
+    'drop_decision',
     'drop_unavailable', 'forward_failed', 'install_nan_detect',
     'raised_by_nonfinite', 'rank_finding', 'received',
     'loss_terms', 'members', 'param_norms', 'restore_rng', 'samples_to_drop',
-    'sentinel_of'
+    'sentinel_of', 'step_record'
 ]

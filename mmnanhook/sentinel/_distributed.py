@@ -93,7 +93,7 @@ class Ranks(object):
         flags = torch.zeros(self.world_size)
         flags[self.rank] = float(bool(raised))
         dist.all_reduce(flags, group=self.group)
-        return [r for r in range(self.world_size) if flags[r] > 0]
+        return [r for r, flag in enumerate(flags.tolist()) if flag > 0]
 
     def before_backward(self):
         """Vote for a forward that went fine.
@@ -149,6 +149,25 @@ def received(finding, findings):
     statistics, or its forward raised on them)."""
     return finding.reproduced is False and any(
         f.culprit for f in findings if f.rank != finding.rank)
+
+
+def data_culprits(event, findings):
+    """Whether every rank's findings put the failure on data, and the
+    findings of the samples that made it, on all ranks.
+
+    A forward that raised must have raised on every rank it raised on
+    because of data (a rank that only received it aside).
+
+    Returns:
+        tuple: ``(data, samples)``; ``samples`` as ``report.json`` writes
+        them, each with its ``rank``.
+    """
+    culprits = [f for f in findings if f.kind == 'data']
+    data = bool(culprits) and all(
+        f.kind == 'data' or received(f, findings) for f in findings
+        if f.rank in event.bad_ranks)
+    return data, [dict(s.to_dict(), rank=f.rank) for f in culprits
+                  for s in f.samples]
 
 
 class DropDecision(object):

@@ -9,6 +9,33 @@ def _as_float(value):
     return None if value is None else float(value)
 
 
+def step_record(scalars, step, lr_factor=None, **values):
+    """One iteration's history record, as :meth:`History.append` takes it.
+
+    Args:
+        scalars (dict): MessageHub's ``log_scalars`` (host floats already:
+            no sync).
+        step (dict): What the check of this iteration's update step
+            measured (``loss``, ``grad_norm``, ``loss_scale``: what every
+            rank saw; MessageHub's loss is this rank's) and ``spikes``.
+        lr_factor (float, optional): The factor a rewind's cooldown lowers
+            the scheduled LR by: the LR the step really used.
+        **values: Override the others (``iter``, ``rewind`` among them).
+    """
+    record = {}
+    for field in FIELDS:
+        buffer = scalars.get('train/' + field)
+        record[field] = None if buffer is None else buffer.current()
+    for field in ('loss', 'grad_norm', 'loss_scale'):
+        if step.get(field) is not None:
+            record[field] = step[field]
+    if lr_factor and record['lr'] is not None:
+        record['lr'] *= lr_factor
+    record['spike'] = step.get('spikes')
+    record.update(values)
+    return record
+
+
 class History(object):
     """Ring buffer of the last ``maxlen`` iterations' scalars.
 

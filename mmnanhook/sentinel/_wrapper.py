@@ -36,6 +36,7 @@ from ..records import NonFiniteEvent, Trigger
 from ._check import StepCheck, StepContext, answer_text
 from ._norms import clip_grads_with_norm_
 from ._shards import local_grads
+from ._supported import check_supported
 
 # The one attribute the install adds to a wrapper instance.
 ATTRIBUTE = '_nan_detect'
@@ -48,26 +49,6 @@ _BINDINGS = (
     ('_clip_grad', 'clip_grad'),
     ('optim_context', 'optim_context'),
 )
-
-# Wrappers of these modules run backward and step inside an engine
-# (DeepSpeed, ColossalAI) that exposes no gradients before the step.
-_UNSUPPORTED_MODULES = ('mmengine._strategy', )
-
-# Engine wrapper -> (the FlexibleRunner strategy that builds it, what the
-# engine does inside its own step, out of mmnanhook's reach).
-_ENGINES = {
-    'DeepSpeedOptimWrapper': (
-        'DeepSpeedStrategy',
-        "the DeepSpeed engine's step computes the gradient norm, clips and "
-        'skips fp16 overflows itself, and under ZeRO the gradients are '
-        'partitioned in the engine, not in param.grad, before it'),
-    'ColossalAIOptimWrapper': (
-        'ColossalAIStrategy',
-        "the ColossalAI booster's optimizer computes the gradient norm, "
-        'clips (configured in the plugin) and skips overflows inside its '
-        'own step, where the gradients are not in param.grad before it'),
-}
-
 
 class Listener(object):
     """What a wrapper's sentinel tells its listener (``NanDetectHook``).
@@ -628,32 +609,6 @@ def members(optim_wrapper):
     return [optim_wrapper]
 
 
-def _check_supported(optim_wrapper):
-    cls = type(optim_wrapper)
-    engines = [_ENGINES[c.__name__] for c in cls.__mro__
-               if c.__name__ in _ENGINES]
-    if engines:
-        strategy, inside = engines[0]
-        raise RuntimeError(
-            'mmnanhook cannot protect training with %s (%s.%s): %s. Nothing '
-            'would check the losses, the gradient norm or the update step, '
-            'so NanDetectHook refuses to start instead of running '
-            'unprotected. Remove NanDetectHook, or train with DDPStrategy or '
-            'FSDPStrategy, which it checks.' %
-            (strategy, cls.__module__, cls.__name__, inside))
-    engine = any(
-        c.__module__.startswith(_UNSUPPORTED_MODULES) for c in cls.__mro__)
-    if engine or not isinstance(optim_wrapper, OptimWrapper):
-        raise RuntimeError(
-            'mmnanhook cannot check %s.%s: it supports OptimWrapper, '
-            'AmpOptimWrapper, their subclasses and the members of an '
-            'OptimWrapperDict. Wrappers such as DeepSpeedOptimWrapper and '
-            'ColossalAIOptimWrapper run backward and the step inside their '
-            'engine, where the gradients cannot be checked before the step; '
-            'remove NanDetectHook or use one of the supported wrappers.' %
-            (cls.__module__, cls.__name__))
-
-
 class NanDetectHandle(object):
     """What :func:`install_nan_detect` changed; :meth:`remove` undoes it."""
 
@@ -709,7 +664,7 @@ def install_nan_detect(optim_wrapper, listener=None, message_hub=None,
     options = CheckOptions(**options)
     wrappers = members(optim_wrapper)
     for wrapper in wrappers:
-        _check_supported(wrapper)
+        check_supported(wrapper)
     entries = []
     for wrapper in wrappers:
         previous = sentinel_of(wrapper)

@@ -322,13 +322,15 @@ SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop,
              'syncbn_drop': _syncbn('drop'), 'nodes': _nodes}
 
 
-def _free_port():
+def free_port():
+    """A TCP port free on 127.0.0.1 now, for a launcher's master."""
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
 
-def _launcher():
+def launcher():
+    """``python`` arguments that start torch's launcher (torch 1.7 too)."""
     if importlib.util.find_spec('torch.distributed.run') is not None:
         return ['-m', 'torch.distributed.run']
     return ['-m', 'torch.distributed.launch', '--use_env']  # torch < 1.9
@@ -396,11 +398,31 @@ def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp',
     Returns:
         tuple[list[dict], str]: Each rank's result and the launcher's log.
     """
-    log = _launch([[sys.executable] + _launcher() + [
+    log = _launch([[sys.executable] + launcher() + [
         '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
-        '--master_port', str(_free_port()), '-m', module, scenario,
+        '--master_port', str(free_port()), '-m', module, scenario,
         str(out_dir)]], timeout)
     return _results(out_dir, nproc), log
+
+
+def run_scenarios(scenarios, out_dir, nproc=2,
+                  module='mmnanhook.testing.ddp', timeout=600):
+    """Run several scenarios one after the other in the same ranks (one
+    launch: the processes' start, seconds of imports each, is paid once),
+    each in ``out_dir/<scenario>``.
+
+    Returns:
+        tuple[dict, str]: Scenario -> each rank's result; the launcher's
+        log.
+    """
+    for scenario in scenarios:
+        os.makedirs(osp.join(str(out_dir), scenario), exist_ok=True)
+    log = _launch([[sys.executable] + launcher() + [
+        '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
+        '--master_port', str(free_port()), '-m', module,
+        ','.join(scenarios), str(out_dir)]], timeout)
+    return dict((scenario, _results(osp.join(str(out_dir), scenario), nproc))
+                for scenario in scenarios), log
 
 
 def run_nodes(scenario, out_dir, nnodes=2, module='mmnanhook.testing.ddp',
@@ -408,8 +430,8 @@ def run_nodes(scenario, out_dir, nnodes=2, module='mmnanhook.testing.ddp',
     """Run ``scenario`` as ``nnodes`` nodes of one rank each: a launcher per
     node (``--nnodes``, ``--node_rank``) on 127.0.0.1, as a multi-node job
     starts. Returns and fails as :func:`run_ranks`."""
-    port = str(_free_port())
-    log = _launch([[sys.executable] + _launcher() + [
+    port = str(free_port())
+    log = _launch([[sys.executable] + launcher() + [
         '--nnodes', str(nnodes), '--node_rank', str(node),
         '--nproc_per_node', '1', '--master_addr', '127.0.0.1',
         '--master_port', port, '-m', module, scenario, str(out_dir)]
@@ -418,12 +440,22 @@ def run_nodes(scenario, out_dir, nnodes=2, module='mmnanhook.testing.ddp',
 
 
 def main(argv=None, scenarios=None):
-    scenario, out_dir = (argv or sys.argv[1:])[:2]
+    """``SCENARIO[,SCENARIO...] OUT_DIR``: one scenario in ``OUT_DIR``, or
+    several in turn, each in ``OUT_DIR/<scenario>``."""
+    names, out_dir = (argv or sys.argv[1:])[:2]
     import torch.distributed as dist
     dist.init_process_group('gloo')
-    result = (scenarios or SCENARIOS)[scenario](out_dir)
-    with open(osp.join(out_dir, 'rank%d.json' % dist.get_rank()), 'w') as f:
-        json.dump(result, f)
+    names = names.split(',')
+    for name in names:
+        where = out_dir if len(names) == 1 else osp.join(out_dir, name)
+        result = (scenarios or SCENARIOS)[name](where)
+        with open(osp.join(where, 'rank%d.json' % dist.get_rank()),
+                  'w') as f:
+            json.dump(result, f)
+    # torch 1.7's autograd engine can hang in the exit handlers after a
+    # backward (pytorch#47886): a rank that hangs there fails its launch.
+    from .. import compat
+    compat.exit_process(0)
 
 
 if __name__ == '__main__':

@@ -92,7 +92,11 @@ def test_a_replay_frees_every_graph_it_made(fault):
     assert lifetime.module_hooks(model) == []
 
 
+@pytest.mark.everyday_leg('dota')
 def test_the_exit_check_script_exits_promptly_every_time(tmp_path):
+    """In make test on the DOTA leg, where torch 1.7's exit hangs live;
+    the modern leg's runs are in the full tier (fresh processes each: their
+    point)."""
     # Two at a time: the runs are independent processes.
     runs = [(exit_check.FAULTS[i % len(exit_check.FAULTS)], 20 + i)
             for i in range(EXIT_RUNS)]

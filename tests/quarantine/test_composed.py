@@ -177,9 +177,10 @@ def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
     inner = cfg.train_dataloader.dataset
     inner.pipeline = nodata_pipeline(inner.pipeline[:2], nodata[0], log) \
         if tile else inner.pipeline[:2]
+    # (mmdet 3.1's PackDetInputs asserts every meta key: a flip step.)
     mix = [dict(type='Mosaic', img_scale=(64, 64), pad_val=114.0),
            dict(type='Resize', scale=(64, 64), keep_ratio=True),
-           dict(type='PackDetInputs')]
+           dict(type='RandomFlip', prob=0.5), dict(type='PackDetInputs')]
     cfg.train_dataloader.dataset = dict(
         type='MultiImageMixDataset', pipeline=nodata_pipeline(
             mix, nodata[0], log) if tile else mix,
@@ -200,8 +201,11 @@ def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
     return runner, files.files, log
 
 
+@pytest.mark.everyday_leg('modern')
 def test_workers_started_before_the_hook_are_kept_while_nothing_is_bad(
         tmp_path):
+    """In make test on the modern leg; the DOTA leg's run is in the full
+    tier."""
     # Nothing is quarantined: the workers the iteration-based loop started
     # before the hook are kept, and every batch and weight is what the run
     # without the hook has.
@@ -215,7 +219,10 @@ def test_workers_started_before_the_hook_are_kept_while_nothing_is_bad(
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.everyday_leg('dota')
 def test_iteration_based_workers_never_draw_a_quarantined_partner(tmp_path):
+    """In make test on the DOTA leg; the modern leg's run is in the full
+    tier."""
     # The loop's workers started before the hook: at the quarantine they
     # finish the batches in flight and make way for fresh ones, which hold
     # the guard. No worker started after the quarantine draws the tile; no

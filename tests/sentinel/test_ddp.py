@@ -9,12 +9,33 @@ import pytest
 import torch
 
 from mmnanhook.testing.ddp import (BAD_ITER, BAD_RANK, SPIKE_ITERS,
-                                   run_nodes, run_ranks)
+                                   run_nodes, run_scenarios)
+
+pytestmark = pytest.mark.ddp
+
+STATIC_GRAPH = 'static_graph' in inspect.signature(
+    torch.nn.parallel.DistributedDataParallel).parameters
+
+SCENARIOS = ['nan_loss', 'rewind', 'drop', 'drop_whole', 'drop_whole_unused',
+             'raise_skip', 'raise_drop', 'syncbn_skip', 'syncbn_drop'] + (
+                 ['drop_whole_static'] if STATIC_GRAPH else [])
 
 
-@pytest.mark.ddp
-def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
-    results, log = run_ranks('nan_loss', tmp_path)
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """Every scenario of this module, in one launch of two ranks (their
+    imports paid once; none of these tests is about a fresh process)."""
+    return run_scenarios(SCENARIOS, str(tmp_path_factory.mktemp('ddp')))
+
+
+def run(runs, name):
+    """A scenario's results, one per rank, and the launch's log."""
+    results, log = runs
+    return results[name], log
+
+
+def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(runs):
+    results, log = run(runs, 'nan_loss')
     for rank, result in enumerate(results):
         assert result['raised'], (rank, log[-5000:])
         assert result['trigger'] == 'loss'
@@ -26,9 +47,8 @@ def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(tmp_path):
     assert 'loss_aux=inf' in results[BAD_RANK]['message']
 
 
-@pytest.mark.ddp
-def test_every_rank_rewinds_to_the_same_snapshot(tmp_path):
-    results, log = run_ranks('rewind', tmp_path)
+def test_every_rank_rewinds_to_the_same_snapshot(runs):
+    results, log = run(runs, 'rewind')
     for result in results:
         assert result['iter'] == 14, log[-5000:]
         assert result['rewinds'] == 1
@@ -58,11 +78,10 @@ def _culprit_named(results, sample=0):
     return bundles
 
 
-@pytest.mark.ddp
-def test_drop_under_ddp_recomputes_the_step_on_every_rank(tmp_path):
+def test_drop_under_ddp_recomputes_the_step_on_every_rank(runs):
     # Rank 1 leaves its bad sample out, rank 0 takes its batch unchanged;
     # the update is DDP's mean of the two, bitwise the step by hand.
-    results, log = run_ranks('drop', tmp_path)
+    results, log = run(runs, 'drop')
     _same_weights(results)
     for result in results:
         assert result['by_hand'], log[-3000:]
@@ -73,35 +92,29 @@ def test_drop_under_ddp_recomputes_the_step_on_every_rank(tmp_path):
     _culprit_named(results)
 
 
-STATIC_GRAPH = 'static_graph' in inspect.signature(
-    torch.nn.parallel.DistributedDataParallel).parameters
-
-
-@pytest.mark.ddp
 @pytest.mark.parametrize('ddp', [
     '', '_unused', pytest.param('_static', marks=pytest.mark.skipif(
         not STATIC_GRAPH, reason='DDP has no static_graph before torch 1.11'))
 ], ids=['default', 'find_unused_parameters', 'static_graph'])
 def test_a_rank_whose_whole_batch_fails_takes_part_with_a_zero_loss(
-        tmp_path, ddp):
+        runs, ddp):
     # Both samples of rank 1's batch fail: it takes part in DDP's gradient
     # all-reduce with a zero loss, and rank 0's loss counts for both ranks.
-    results, log = run_ranks('drop_whole' + ddp, tmp_path)
+    results, log = run(runs, 'drop_whole' + ddp)
     _same_weights(results)
     for result in results:
         assert result['by_hand'], log[-3000:]
         assert result['samples_dropped'] == 2
 
 
-@pytest.mark.ddp
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
 def test_a_forward_raising_on_one_rank_takes_every_rank_the_same_way(
-        tmp_path, policy):
+        runs, policy):
     # Rank 1's forward raises on its NaN input (as SimOTA does); rank 0's
     # goes fine and would wait in DDP's gradient all-reduce: it learns it
     # in its vote before backward, and both skip, or both take the step
     # again (rank 1 without the sample).
-    results, log = run_ranks('raise_' + policy, tmp_path)
+    results, log = run(runs, 'raise_' + policy)
     _same_weights(results)
     other = results[1 - BAD_RANK]['log']
     assert 'forward of rank(s) %d raised' % BAD_RANK in other
@@ -114,15 +127,14 @@ def test_a_forward_raising_on_one_rank_takes_every_rank_the_same_way(
     assert all(b['kind'] == 'data' for b in bundles)
 
 
-@pytest.mark.ddp
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
 def test_syncbn_statistics_carry_one_rank_nan_to_all_and_the_replays_stay_local(
-        tmp_path, policy):
+        runs, policy):
     # CpuSyncBatchNorm shares the batch statistics: rank 1's NaN input makes
     # both ranks' losses NaN. Each replays its batch alone (the SyncBN made
     # local, its running statistics put back): no hang, and rank 0's bundle
     # says the NaN came from rank 1, not from its own data.
-    results, log = run_ranks('syncbn_' + policy, tmp_path)
+    results, log = run(runs, 'syncbn_' + policy)
     _same_weights(results)
     for result in results:
         # Two bundles, one per rank, both from one trigger.
@@ -138,7 +150,6 @@ def test_syncbn_statistics_carry_one_rank_nan_to_all_and_the_replays_stay_local(
         'summary'] and 'replays finite alone' in clean[0]['summary']
 
 
-@pytest.mark.ddp
 def test_every_node_writes_the_quarantine_every_rank_learned(tmp_path):
     # Two launchers (--nnodes 2), one rank each, work dirs of their own: the
     # first rank of each node writes the list, which names the sample of

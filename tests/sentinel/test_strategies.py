@@ -68,11 +68,15 @@ def test_fsdp2_dtensor_grads_are_checked_and_clipped_by_the_global_norm(
 
 @pytest.mark.ddp
 @pytest.mark.zoo
+@pytest.mark.zoo_full
 @pytest.mark.mmdet
 @pytest.mark.skipif(not zoo.available('retinanet_r50'),
                     reason='mmdet with compiled mmcv ops not installed')
 def test_flexible_runner_ddp_strategy_stops_every_rank_on_the_zoo_retinanet(
         tmp_path):
+    """Full tier: make test's zoo DDP run is RTMDet's (tests/zoo/
+    test_zoo_ddp.py); FlexibleRunner's wrapping is checked on the toy in
+    make test."""
     results, log = run_ranks('flexible_ddp', tmp_path, module=MODULE)
     for rank, result in enumerate(results):
         assert result['runner'] == 'FlexibleRunner', log[-5000:]

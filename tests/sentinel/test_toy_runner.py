@@ -397,7 +397,7 @@ def test_configured_wrapper_detects_without_the_hook(tmp_path):
 # A user's run that never imports mmnanhook itself: only the dotted type in
 # its config names it (the project module on PYTHONPATH gives the model).
 _DOTTED_RUN = r"""
-import json, sys
+import json, os, sys
 from mmengine.runner import Runner
 import replay_toys  # noqa: F401 - registers the toy model and dataset
 assert 'mmnanhook' not in sys.modules
@@ -420,6 +420,10 @@ except Exception as exc:
     error = type(exc).__module__ + '.' + type(exc).__name__
     trigger = getattr(exc, 'trigger', None)
 print(json.dumps(dict(hooks=hooks, error=error, trigger=trigger)))
+# Without the exit handlers: torch 1.7's autograd engine can hang in them
+# after a backward (pytorch#47886), whatever ran the backward.
+sys.stdout.flush()
+os._exit(0)
 """
 
 

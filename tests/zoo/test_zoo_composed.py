@@ -108,8 +108,11 @@ def _check_drop(runner, tile, work):
 YOLOX_BAD = 5
 
 
+@pytest.mark.everyday_leg('modern')
 def test_a_nodata_mosaic_partner_is_blamed_dropped_and_never_loaded_again(
         tmp_path):
+    """In make test on the modern leg (the mosaic case of the smoke set);
+    the DOTA leg's run is in the full tier."""
     runner, data, tile, log, work = _run(tmp_path, 'yolox_tiny', YOLOX_BAD)
     report = _check_drop(runner, tile, work)
     lines = read_log(log)
@@ -132,8 +135,11 @@ def test_a_nodata_mosaic_partner_is_blamed_dropped_and_never_loaded_again(
 RTMDET_BAD = 3
 
 
+@pytest.mark.zoo_full
 def test_a_nodata_tile_is_never_served_from_a_cache_after_its_quarantine(
         tmp_path):
+    """Full tier: make test's mosaic case is YOLOX's; the cached one costs
+    as much again."""
     runner, data, tile, log, work = _run(tmp_path, 'rtmdet_tiny', RTMDET_BAD)
     assert runner.epoch == EPOCHS
     reports = _reports(work)

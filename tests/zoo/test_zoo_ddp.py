@@ -29,13 +29,15 @@ def _run(name, tmp_path):
     return results, results[0]['bundles']
 
 
-@pytest.mark.parametrize('policy', ['skip', 'drop'])
+@pytest.mark.parametrize('policy', [
+    pytest.param('skip', marks=pytest.mark.zoo_full), 'drop'])
 def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
     """RTMDet-tiny as shipped but its SyncBN (a CPU stand-in, every norm
     layer), 2 epochs; the nodata tile in rank 1's batch makes both ranks'
     losses NaN through the shared statistics. 'skip' with
     ``quarantine_skips=True``, 'drop': one trigger, the step left out or
-    taken again without the tile, which every rank quarantines."""
+    taken again without the tile, which every rank quarantines. 'drop' is
+    make test's zoo DDP run, on both legs; 'skip' is in the full tier."""
     results, bundles = _run('rtmdet_' + policy, tmp_path)
     tile = results[0]['tile']
     for result in results:
@@ -64,10 +66,12 @@ def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
     assert seen == [1]
 
 
+@pytest.mark.everyday_leg('dota')
 def test_retinanet_drop_under_ddp(tmp_path):
     """RetinaNet R50 as shipped (shuffling sampler, aspect-ratio batches),
     2 epochs, 'drop': the bad image is on rank 1 in epoch 1, and the
-    sampler gives it to rank 0 in epoch 2."""
+    sampler gives it to rank 0 in epoch 2. In make test on the DOTA leg;
+    the modern leg's run is in the full tier."""
     results, bundles = _run('retinanet_drop', tmp_path)
     bad, bad_index = results[0]['bad'], moving_index()
     assert results[0]['bad_index'] == bad_index
