@@ -59,7 +59,7 @@ def main():
         return
     import subprocess
 
-    from mmnanhook.testing.ddp import free_port, _launcher
+    from mmnanhook.testing.ddp import free_port, launcher
     env = dict(os.environ, OMP_NUM_THREADS='1')
     subprocess.run([sys.executable] + launcher() + [
         '--nproc_per_node', str(args.ranks), '--master_addr', '127.0.0.1',

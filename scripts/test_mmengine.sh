@@ -41,7 +41,8 @@ extra_wheels() {
 # (through the `_base_` snippet's runner_type), a planted fault caught and
 # diagnosed, 'skip' (zoo and bitwise), the snippet forms merging and the
 # config forms a user writes (dotted type, custom_imports) in a fresh process,
-# the scheduler binding and the bypass guard.
+# the scheduler binding and the bypass guard, and recovery under DDP (the toy
+# scenarios: one decision, drop on every rank, SyncBN replays kept local).
 subset() {
     local zoo_name
     case $1 in
@@ -55,6 +56,7 @@ subset() {
     echo "tests/sentinel/test_schedulers_and_guard.py"
     echo "tests/sentinel/test_toy_runner.py::test_skip_leaves_parameters_and_optimizer_state_bitwise"
     echo "tests/test_config_forms.py"
+    echo "tests/sentinel/test_ddp.py"
 }
 
 # overlay LEG VERSION: prints the overlay directory, (re)building it when its

@@ -266,14 +266,12 @@ class LocalReplays(object):
 
 
 @contextlib.contextmanager
-def local_replays(modules, distributed=True):
-    """Replays on this rank alone while the block runs.
+def local_replays(modules):
+    """Replays on this rank alone while the block runs (under DDP).
 
     Args:
         modules (list[tuple]): ``(name, module)`` of the modules that
             communicate in their forward (:func:`communicating_modules`).
-        distributed (bool): Whether other ranks train: the collectives are
-            answered locally only then.
 
     Yields:
         LocalReplays: What was made local; its ``calls`` fill while the
@@ -288,7 +286,7 @@ def local_replays(modules, distributed=True):
         saved.append((module, 'forward' in own, own.get('forward'),
                       BufferSnapshot(module)))
         module.forward = _local_forward(module)
-    answers = _local_collectives(scope.calls) if distributed else {}
+    answers = _local_collectives(scope.calls)
     real = dict((name, getattr(dist, name)) for name in answers)
     for name, answer in answers.items():
         setattr(dist, name, answer)

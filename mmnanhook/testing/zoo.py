@@ -388,11 +388,13 @@ class BatchFiles(ZooProbe):
 
     Attributes:
         files (list[list[str]]): Per iteration, its samples' ``img_path``.
+        epochs (list[int]): Per iteration, its epoch.
     """
 
     def __init__(self):
         super(BatchFiles, self).__init__()
         self.files = []
+        self.epochs = []
 
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         super(BatchFiles, self).before_train_iter(runner, batch_idx,
@@ -400,6 +402,7 @@ class BatchFiles(ZooProbe):
         self.files.append([
             s.metainfo.get('img_path') for s in data_batch['data_samples']
         ])
+        self.epochs.append(runner.epoch)
 
 
 def weights(runner):

@@ -13,30 +13,21 @@ import stat
 import time
 
 import pytest
-from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from mmnanhook.quarantine import (FILE_NAME, QuarantinedSample,
                                   QuarantineError, read_quarantine,
                                   write_quarantine)
-from mmnanhook.testing import testbed
+from mmnanhook.testing import testbed, zoo
 from mmnanhook.testing.toy import log_text, make_runner
 
 BAD = 3
 EPOCHS = 3
 
 
-class _Files(Hook):
-    """The image files of every iteration's batch, per epoch."""
-
-    priority = 'VERY_LOW'
-
-    def __init__(self):
-        self.files = []
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        self.files.append((runner.epoch, [
-            s.metainfo['img_path'] for s in data_batch['data_samples']]))
+def _by_epoch(files):
+    """``(epoch, batch files)`` of every iteration a probe saw."""
+    return list(zip(files.epochs, files.files))
 
 
 def _runner(tmp_path, work, hook, defects=None, epochs=EPOCHS, **cfg_extra):
@@ -59,7 +50,7 @@ def _runner(tmp_path, work, hook, defects=None, epochs=EPOCHS, **cfg_extra):
                               allow_failed_imports=False)
     cfg.custom_hooks = [dict(hook, type='NanDetectHook')]
     runner = Runner.from_cfg(cfg)
-    files = _Files()
+    files = zoo.BatchFiles()
     runner.register_hook(files)
     return runner, files, data
 
@@ -74,11 +65,12 @@ def test_a_dropped_sample_is_quarantined_and_never_loaded_again(tmp_path):
     runner.train()
     bad = _bad_file(data)
     assert runner.epoch == EPOCHS and runner.iter == 4 * EPOCHS
-    seen = [(epoch, batch) for epoch, batch in files.files if bad in batch]
+    seen = [(epoch, batch) for epoch, batch in _by_epoch(files)
+            if bad in batch]
     # Loaded once, in the first epoch, then never again; every batch full.
     assert [epoch for epoch, _ in seen] == [0]
-    assert all(len(batch) == 2 for _, batch in files.files)
-    assert [e for e, _ in files.files] == sorted(
+    assert all(len(batch) == 2 for _, batch in _by_epoch(files))
+    assert files.epochs == sorted(
         [e for e in range(EPOCHS)] * 4)
     hub = runner.message_hub
     assert hub.get_scalar('train/samples_dropped').current() == 1
@@ -93,7 +85,7 @@ def test_a_dropped_sample_is_quarantined_and_never_loaded_again(tmp_path):
     assert sample.file == bad and sample.source == 'drop'
     assert sample.indices == [BAD]
     assert 'zero width' in sample.reason
-    assert sample.iter == files.files.index(seen[0])
+    assert sample.iter == _by_epoch(files).index(seen[0])
     # One cause, one bundle.
     dumps = osp.join(runner.work_dir, 'nan_dumps')
     assert len([d for d in os.listdir(dumps) if not d.startswith('.')]) == 1
@@ -113,8 +105,8 @@ def test_a_reviewed_list_keeps_its_samples_out_from_the_start(tmp_path):
         epochs=2)
     runner.train()  # the bad image is never loaded: nothing triggers
     bad = _bad_file(data)
-    assert not [b for _, b in files.files if bad in b]
-    assert runner.iter == 8 and all(len(b) == 2 for _, b in files.files)
+    assert not [b for b in files.files if bad in b]
+    assert runner.iter == 8 and all(len(b) == 2 for b in files.files)
 
 
 @pytest.mark.mmdet

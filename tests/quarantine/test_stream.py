@@ -11,30 +11,16 @@ import os
 import os.path as osp
 
 import pytest
-from mmengine.hooks import Hook
 from mmengine.registry import init_default_scope
 from mmengine.runner import Runner
 
 from mmnanhook.quarantine import (Quarantine, QuarantinedSample,
                                   read_quarantine, write_quarantine)
-from mmnanhook.testing import synthetic, testbed
+from mmnanhook.testing import synthetic, testbed, zoo
 
 BAD = 3
 IMAGES = 8
 ITERS = 12
-
-
-class _Files(Hook):
-    """The image files of every iteration's batch, as the loader made it."""
-
-    priority = 'VERY_LOW'
-
-    def __init__(self):
-        self.files = []
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        self.files.append([
-            s.metainfo['img_path'] for s in data_batch['data_samples']])
 
 
 def _data(tmp_path, num_images=IMAGES):
@@ -57,7 +43,7 @@ def _runner(tmp_path, work, hook, data, workers=0, iters=ITERS, **loader):
                               allow_failed_imports=False)
     cfg.custom_hooks = [dict(hook, type='NanDetectHook')]
     runner = Runner.from_cfg(cfg)
-    files = _Files()
+    files = zoo.BatchFiles()
     runner.register_hook(files)
     return runner, files
 
