@@ -3,11 +3,15 @@
 Under DDP every backward first waits for the ranks' vote on whether a forward
 raised (``mmnanhook.sentinel.Ranks.before_backward``): one all-reduce of one
 float per rank over gloo, on the host (under NCCL too: a gloo group of its
-own, never a device sync). This script starts ``--ranks`` processes with
-torch's launcher and times, on each, ``--votes`` votes one after the other
-(the median and the 90th percentile, after ``--warmup``), and the same number
-of plain ``dist.barrier()`` calls for scale. Compare the median with a
-training iteration: the per-step cost is one vote per micro-step.
+own, never a device sync). A collective a train step calls from Python (mmdet's
+``reduce_mean``) is voted before too (``ForwardGuard``); one inside a
+batch norm that shares statistics is only looked at (exempt). This script
+starts ``--ranks`` processes with torch's launcher and times, on each,
+``--votes`` calls one after the other (the median and the 90th percentile,
+after ``--warmup``): a vote, a plain ``dist.barrier()`` and ``all_reduce``
+of one float for scale, and that ``all_reduce`` guarded (voted, exempt).
+Compare with a training iteration: one vote per micro-step, one more per
+collective of the loss.
 
 Usage::
 
@@ -23,14 +27,38 @@ import time
 
 
 def _measure(votes, warmup):
+    import torch
     import torch.distributed as dist
 
-    from mmnanhook.sentinel import Ranks
+    from mmnanhook.sentinel import ForwardGuard, Ranks
     dist.init_process_group('gloo')
     ranks = Ranks.start()
+    tensor = torch.ones(1)
+
+    def all_reduce():
+        dist.all_reduce(tensor)
+
+    def guarded(exempt):
+        # The guard of a train step around a collective of this script's:
+        # voted before (mmdet's reduce_mean), or exempt (a SyncBN's).
+        guard = ForwardGuard(ranks, ('__main__', ) if exempt else ())
+        guard.install()
+        guard.active = True
+
+        def call():
+            dist.all_reduce(tensor)
+
+        def remove():
+            guard.remove()
+
+        return call, remove
+
+    voted, unvote = guarded(False)
     timings = {}
     for name, call in (('vote', ranks.before_backward),
-                       ('barrier', dist.barrier)):
+                       ('barrier', dist.barrier),
+                       ('all_reduce', all_reduce),
+                       ('all_reduce, guarded (voted)', voted)):
         for _ in range(warmup):
             call()
         seconds = []
@@ -41,6 +69,20 @@ def _measure(votes, warmup):
         seconds.sort()
         timings[name] = dict(median_us=statistics.median(seconds) * 1e6,
                              p90_us=seconds[int(0.9 * len(seconds))] * 1e6)
+    unvote()
+    exempt, unexempt = guarded(True)
+    for _ in range(warmup):
+        exempt()
+    seconds = []
+    for _ in range(votes):
+        start = time.perf_counter()
+        exempt()
+        seconds.append(time.perf_counter() - start)
+    unexempt()
+    seconds.sort()
+    timings['all_reduce, guarded (exempt)'] = dict(
+        median_us=statistics.median(seconds) * 1e6,
+        p90_us=seconds[int(0.9 * len(seconds))] * 1e6)
     if dist.get_rank() == 0:
         print(json.dumps(dict(ranks=dist.get_world_size(), votes=votes,
                               **timings)))

@@ -36,3 +36,18 @@ class CheckBypassedError(RuntimeError):
     Raised by ``NanDetectHook`` at the first iteration where that happens, so
     that training never goes on while the log claims it is protected.
     """
+
+
+class PeerForwardFailed(RuntimeError):
+    """Under DDP, the forward raised on another rank: no rank runs this
+    backward (each takes the same path instead).
+
+    Args:
+        ranks (list[int]): The ranks whose forward raised.
+    """
+
+    def __init__(self, ranks):
+        self.ranks = list(ranks)
+        super(PeerForwardFailed, self).__init__(
+            'the forward raised on rank(s) %s' %
+            ', '.join(map(str, self.ranks)))

@@ -30,10 +30,11 @@ from .quarantine._inflight import call_with
 from .records import Trigger
 from .report import forget_nonfinite, to_visualizer
 from .sentinel import (BufferSnapshot, BypassGuard, Dropper, Exchange,
-                       History, Listener, Ranks, Rewinder, StepMemory,
-                       data_culprits, drop_decision, forward_failed,
+                       History, Listener, Rewinder, StepMemory,
+                       agreed_plan, data_culprits, drop_decision,
+                       forward_failed,
                        install_nan_detect, loss_terms, param_norms,
-                       rank_finding, step_record)
+                       rank_finding, start_distributed, step_record)
 
 
 @HOOKS.register_module()
@@ -175,6 +176,7 @@ class NanDetectHook(Hook, Listener):
         self._memory = StepMemory()
         self._history = History(maxlen=history)
         self._buffers = None
+        self._micro_buffers = None
         self._runner = None
         self._logger = None
         self._rewinder = None
@@ -188,10 +190,12 @@ class NanDetectHook(Hook, Listener):
         # policy='drop', and the samples it keeps out of the dataloader.
         self._dropper = None
         self._quarantine = None
-        # The ranks of a distributed run, and the modules of the model that
-        # communicate in their forward (found at the first trigger).
+        # A distributed run's ranks, the guard of its train steps'
+        # collectives, and the model's modules that communicate in their
+        # forward.
         self._ranks = None
-        self._communicating = None
+        self._forward_guard = None
+        self._communicating = []
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -203,10 +207,11 @@ class NanDetectHook(Hook, Listener):
             message_hub=runner.message_hub,
             **dict((k, getattr(opts, k)) for k in opts.__slots__))
         self._guard = BypassGuard(self._handle)
-        self._ranks = Ranks.start()
+        self._ranks, self._forward_guard, self._communicating = \
+            start_distributed(unwrap_model(runner.model),
+                              communicating_modules)
         for sentinel in self._handle.sentinels:
             sentinel.ranks = self._ranks
-        self._communicating = None
         self._verified = False
         self._train_iters = 0
         model = runner.model
@@ -260,13 +265,16 @@ class NanDetectHook(Hook, Listener):
         self._guard = None
         self._parsed = None
         self._memory.clear()
-        self._buffers = None
+        self._buffers = self._micro_buffers = None
         # Snapshots are memory of the run that ended.
         self._rewinder = None
         if self._quarantine is not None:
             self._quarantine.remove()
             self._quarantine = None
         self._dropper = None
+        if self._forward_guard is not None:
+            self._forward_guard.remove()
+            self._forward_guard = None
         if self._ranks is not None:
             self._ranks.close()
             self._ranks = None
@@ -288,9 +296,15 @@ class NanDetectHook(Hook, Listener):
             data_batch: The batch as the dataloader produced it (kept by
                 reference: ``train_step`` does not mutate it).
         """
-        # The first micro-step since the last update step (a resumed one's).
-        if self.check_options.skips and not self._memory:
-            self._buffers = BufferSnapshot(unwrap_model(runner.model))
+        if self.check_options.skips:
+            # Before the first micro-step since the last update step (a
+            # resumed one's too), and before this one (a forward taken again
+            # under accumulation).
+            model = unwrap_model(runner.model)
+            self._micro_buffers = BufferSnapshot(model) if self._memory \
+                else None
+            if not self._memory:
+                self._buffers = BufferSnapshot(model)
         self._memory.keep(runner.iter, data_batch)
         self._step = {}
         self._rewound_at = None
@@ -342,9 +356,16 @@ class NanDetectHook(Hook, Listener):
             wanted = self._anomaly_enabled()
             if wanted != state[0]:
                 compat.set_detect_anomaly(wanted)
+            records = None
+            guard = self._forward_guard
             try:
+                if guard is not None:
+                    guard.active = True
                 if self._quarantine is not None:
-                    args, kwargs = self._quarantine.admit(runner, args, kwargs)
+                    # Under DDP every rank takes a step: a batch is never
+                    # left empty there.
+                    args, kwargs = self._quarantine.admit(
+                        runner, args, kwargs, empty=self._ranks is None)
                     if args is None:
                         self._step = {}
                         return {}
@@ -361,7 +382,8 @@ class NanDetectHook(Hook, Listener):
             except Exception as exc:
                 try:
                     # Raised before any backward: the forward failed.
-                    handled = self._records() == records and \
+                    handled = records is not None and \
+                        self._records() == records and \
                         self._forward_failed(runner, exc, functools.partial(
                             call_with, train_step, args, kwargs))
                     if isinstance(handled, dict):
@@ -376,6 +398,8 @@ class NanDetectHook(Hook, Listener):
                 self._restore()
                 raise
             finally:
+                if guard is not None:
+                    guard.active = False
                 if torch.is_anomaly_enabled() != state[0]:
                     compat.restore_anomaly(state)
                 self._train_iters += 1
@@ -397,10 +421,12 @@ class NanDetectHook(Hook, Listener):
     def _forward_failed(self, runner, exc, train_step):
         """A train step whose forward raised (here, or on another rank):
         see :func:`~mmnanhook.sentinel.forward_failed`."""
+        micro = self._micro_buffers or self._buffers
         return forward_failed(
             runner, exc, train_step, self, self._ranks, self.replay,
             self._memory.steps, self._handle.sentinels[0],
-            getattr(self._buffers, 'restore', None), self._dropper,
+            getattr(self._buffers, 'restore', None),
+            getattr(micro, 'restore', None), self._dropper,
             self._handle.wrappers)
 
     def _wrap_parse_losses(self, parse_losses):
@@ -467,30 +493,40 @@ class NanDetectHook(Hook, Listener):
         evidence = self._divergence(event)
         rewind = policy == 'rewind' and not exception and (
             evidence is not None or self._weights_broken())
+        # Under DDP every rank has this event: one decision, and they
+        # exchange what they find.
+        ranks = self._ranks if event.shared else None
+        if ranks is not None and policy == 'rewind' and not exception:
+            rewind = bool(ranks.reduce(rewind, 'max'))
         result = {}
-        # Under DDP every rank has this event: they exchange what they find.
-        exchange = Exchange(self._ranks) if event.shared and \
-            self._ranks is not None else None
-        diagnosed = not spike or rewind or policy == 'raise'
+        exchange = Exchange(ranks) if ranks is not None else None
         try:
-            if diagnosed and (not event.bad_ranks
-                              or event.rank in event.bad_ranks):
+            if (not spike or rewind or policy == 'raise') and (
+                    not event.bad_ranks or event.rank in event.bad_ranks):
                 # The culprit rank(s) replay their own batch and write the
                 # bundle; a spike only when it stops or rewinds training.
                 result = self._incident(
                     event, evidence,
                     logging.WARNING if quiet else logging.ERROR,
                     self.rewind_options if rewind else None, exchange) or {}
+        except Exception:  # noqa: BLE001 - the policy applies, on every rank
+            if ranks is None:
+                raise
+            self._logger.exception('mmnanhook: the diagnosis failed')
         finally:
-            if exchange is not None and diagnosed:
-                # Once on every rank, whatever the diagnosis did.
+            if exchange is not None:
+                # Once on every rank, whatever the diagnosis did; a rank
+                # whose forward raised and said nothing stops them all.
                 result['findings'] = exchange(rank_finding(
-                    event.rank, iter=event.fail_iter))
+                    event.rank, iter=event.fail_iter, raises=exception and
+                    event.rank in event.bad_ranks))
         if not spike:
             self._recover(event, policy, result)
         if rewind:
             model = unwrap_model(self._runner.model)
             since = evidence['began_at'] if evidence else event.iter
+            if ranks is not None:
+                since = int(ranks.reduce(since, 'min'))
             snapshot, reason = self._rewinder.rewind(
                 since, model, self._handle.wrappers, self._handle.sentinels)
             if reason:
@@ -517,26 +553,22 @@ class NanDetectHook(Hook, Listener):
             else data_culprits(event, findings)
         if policy == 'drop' and (event.trigger != Trigger.EXCEPTION or data):
             self._step['event'] = event
-            decision = None if findings is None else drop_decision(
+            if findings is None:
+                result['drop'] = self._dropper.plan(
+                    event, result.get('report'), self._memory.steps(),
+                    self._buffers.restore)
+                return
+            decision = drop_decision(
                 findings, event.world_size,
-                ['%s (%s)' % (n, type(m).__name__)
-                 for n, m in self._communicates()],
+                self._forward_guard.communicates(self._communicating),
                 is_ddp(self._runner.model))
-            result['drop'] = self._dropper.plan(
-                event, result.get('report'), self._memory.steps(),
-                self._buffers.restore, decision)
+            result['drop'] = agreed_plan(
+                self._ranks, decision, functools.partial(
+                    self._dropper.plan, event, None, self._memory.steps(),
+                    self._buffers.restore, decision), self._logger)
         elif (self.quarantine_options.skips and policy in ('skip', 'rewind')
               and data):
             self._quarantine.record(samples, event, policy, self._logger)
-
-    def _communicates(self):
-        """``(name, module)`` of the model's modules that communicate in
-        their forward (SyncBN); found once, at the first trigger of a
-        distributed run."""
-        if self._communicating is None:
-            self._communicating = communicating_modules(
-                unwrap_model(self._runner.model)) if self._ranks else []
-        return self._communicating
 
     def _weights_broken(self):
         # Failure path: a sync per parameter is fine here.
@@ -568,7 +600,7 @@ class NanDetectHook(Hook, Listener):
         if not self.replay and not self.max_dumps:
             return None
         model = unwrap_model(self._runner.model)
-        replays = functools.partial(local_replays, self._communicates()) \
+        replays = functools.partial(local_replays, self._communicating) \
             if self._ranks is not None else contextlib.nullcontext
         with replays():
             fail_iter = locate_micro_step(

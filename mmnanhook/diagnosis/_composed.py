@@ -90,8 +90,11 @@ def _unknown_part(finding, main):
 
 
 def _trace(finding, main, parts, sources):
-    if _check(sources, None, main)[1] is not None:
-        return  # the main image itself is not finite
+    index, bad = _check(sources, None, main)
+    if index is None or bad is not None:
+        # The main image itself is not finite, or it is not one of the
+        # composing datasets' (a sample nothing composed): it stays blamed.
+        return
     if parts is None:
         _unknown_part(finding, main)
         return

@@ -30,14 +30,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..sentinel import BufferSnapshot
+from ..sentinel import COLLECTIVES, BufferSnapshot
 
-# torch.distributed functions that wait on other ranks.
-_COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor',
-                '_all_gather_base', 'reduce_scatter', 'reduce_scatter_tensor',
-                '_reduce_scatter_base', 'broadcast', 'reduce', 'all_to_all',
-                'all_to_all_single', 'barrier', 'gather', 'scatter',
-                'all_gather_object', 'broadcast_object_list')
 # Norm layers that never communicate (no dry check needed).
 _LOCAL = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
           torch.nn.InstanceNorm1d, torch.nn.InstanceNorm2d,
@@ -54,7 +48,7 @@ def _refuse(*args, **kwargs):
 
 @contextlib.contextmanager
 def _no_collectives():
-    saved = [(name, getattr(dist, name)) for name in _COLLECTIVES
+    saved = [(name, getattr(dist, name)) for name in COLLECTIVES
              if hasattr(dist, name)]
     for name, _ in saved:
         setattr(dist, name, _refuse)
@@ -186,7 +180,8 @@ def _local_collectives(calls):
             calls[name] = calls.get(name, 0) + 1
             with torch.no_grad():
                 answer(*args, **kwargs)
-            return _Done() if kwargs.get('async_op') else None
+            # A work handle whether async_op was given or not.
+            return _Done()
         return local
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
@@ -215,6 +210,29 @@ def _local_collectives(calls):
     def all_gather_object(object_list, obj, group=None):
         object_list[:] = [obj] * len(object_list)
 
+    def gather(tensor, gather_list=None, dst=0, group=None, async_op=False):
+        for out in gather_list or ():
+            out.copy_(tensor)
+
+    def scatter(tensor, scatter_list=None, src=0, group=None,
+                async_op=False):
+        if scatter_list:
+            tensor.copy_(scatter_list[_rank(group)])
+
+    def all_to_all(output_list, input_list, group=None, async_op=False):
+        for out in output_list:
+            out.copy_(input_list[_rank(group)])
+
+    def all_to_all_single(output, input, *args, **kwargs):
+        # Every rank sends this rank its chunk: this rank's own, n times.
+        group = kwargs.get('group')
+        chunk = input.chunk(_size(group))[_rank(group)]
+        output.copy_(torch.cat([chunk] * _size(group)).view_as(output))
+
+    def all_reduce_coalesced(tensors, op=None, group=None, async_op=False):
+        for tensor in tensors:
+            _times(tensor, op, _size(group))
+
     def unchanged(*args, **kwargs):
         pass
 
@@ -224,8 +242,12 @@ def _local_collectives(calls):
                    reduce_scatter=reduce_scatter,
                    reduce_scatter_tensor=reduce_scatter_tensor,
                    _reduce_scatter_base=reduce_scatter_tensor,
-                   all_gather_object=all_gather_object, broadcast=unchanged,
-                   broadcast_object_list=unchanged, barrier=unchanged)
+                   all_gather_object=all_gather_object, gather=gather,
+                   scatter=scatter, all_to_all=all_to_all,
+                   all_to_all_single=all_to_all_single,
+                   all_reduce_coalesced=all_reduce_coalesced,
+                   broadcast=unchanged, broadcast_object_list=unchanged,
+                   barrier=unchanged, monitored_barrier=unchanged)
     return dict((name, counted(name, answer))
                 for name, answer in answers.items() if hasattr(dist, name))
 
@@ -280,17 +302,16 @@ def local_replays(modules):
     scope = LocalReplays(['%s (%s)' % (name or '<model>',
                                        type(module).__name__)
                           for name, module in modules])
-    saved = []
-    for name, module in modules:
-        own = vars(module)
-        saved.append((module, 'forward' in own, own.get('forward'),
-                      BufferSnapshot(module)))
-        module.forward = _local_forward(module)
-    answers = _local_collectives(scope.calls)
-    real = dict((name, getattr(dist, name)) for name in answers)
-    for name, answer in answers.items():
-        setattr(dist, name, answer)
+    saved, real = [], {}
     try:
+        for name, module in modules:
+            own = vars(module)
+            saved.append((module, 'forward' in own, own.get('forward'),
+                          BufferSnapshot(module)))
+            module.forward = _local_forward(module)
+        for name, answer in _local_collectives(scope.calls).items():
+            real[name] = getattr(dist, name)
+            setattr(dist, name, answer)
         yield scope
     finally:
         for name, func in real.items():

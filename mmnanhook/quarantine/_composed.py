@@ -137,13 +137,19 @@ class ComposedGuard(object):
         self._on[0] = 1
 
     def remove(self):
-        """Unbind from the transforms (the main process's copies)."""
+        """Unbind from the transforms (the main process's copies): each
+        attribute as it was, an instance attribute of its own included."""
         while self._undo:
-            obj, name, old = self._undo.pop()
-            if name == 'meta_keys':
-                obj.meta_keys = old
+            obj, name, had, old = self._undo.pop()
+            if had:
+                setattr(obj, name, old)
             else:
                 vars(obj).pop(name, None)
+
+    def _set(self, obj, name, value):
+        own = vars(obj)
+        self._undo.append((obj, name, name in own, own.get(name)))
+        setattr(obj, name, value)
 
     def _pack(self, packer, keys):
         # mmdet 3.1's PackDetInputs asserts every meta key is in the
@@ -155,10 +161,8 @@ class ComposedGuard(object):
             results.setdefault(PARTS, [])
             return transform(results)
 
-        self._undo.append((packer, 'meta_keys', keys))
-        packer.meta_keys = tuple(keys) + (PARTS, )
-        self._undo.append((packer, 'transform', None))
-        packer.transform = packed
+        self._set(packer, 'meta_keys', tuple(keys) + (PARTS, ))
+        self._set(packer, 'transform', packed)
 
     def _bind(self, step, source):
         on = self._on
@@ -195,10 +199,8 @@ class ComposedGuard(object):
                 out[PARTS] = own + parts
             return out
 
-        for name, func in (('get_indexes', guarded_get_indexes),
-                           ('transform', guarded_transform)):
-            self._undo.append((step, name, None))
-            setattr(step, name, func)
+        self._set(step, 'get_indexes', guarded_get_indexes)
+        self._set(step, 'transform', guarded_transform)
 
 
 def _as_list(indexes):

@@ -133,10 +133,13 @@ class Quarantine(object):
         stale = stale_iterators(runner) if self._composed.bound else []
         self._hand_over = functools.partial(hand_over, runner, stale) \
             if stale else None
-        if self.files:
-            self._replace_workers()
+        if self.blocked:
+            self.replace_workers()
 
-    def _replace_workers(self):
+    def replace_workers(self):
+        """Replace the worker processes that started before the guard (at
+        the first quarantine, or when a composed sample they made names no
+        parts: a partner of theirs failed); once."""
         if self._hand_over is not None:
             self._hand_over()
             self._hand_over = None
@@ -147,9 +150,17 @@ class Quarantine(object):
             remove()
         self._remove = ()
 
-    def admit(self, runner, args, kwargs):
+    def admit(self, runner, args, kwargs, empty=True):
         """``train_step``'s arguments without the quarantined samples of its
         batch (sampled before they were quarantined: in flight).
+
+        Args:
+            runner (Runner): The runner.
+            args, kwargs: ``train_step``'s.
+            empty (bool): Whether a batch may be left without samples (the
+                step then not taken). Under DDP every rank must take the
+                step: such a batch is kept whole, and the step goes the way
+                of a trigger.
 
         Returns:
             tuple: ``(args, kwargs)``; ``(None, None)`` when no sample of the
@@ -158,6 +169,13 @@ class Quarantine(object):
         batch, removed = without_files(
             args[0] if args else kwargs.get('data'), self.files)
         if not removed:
+            return args, kwargs
+        if batch is None and not empty:
+            runner.logger.warning(
+                'mmnanhook: iter %d: every sample of this rank\'s batch is '
+                'quarantined (%s), sampled before the decision; every rank '
+                'takes the step, so the batch stays as it is' % (
+                    runner.iter, ', '.join(removed)))
             return args, kwargs
         self.removed += len(removed)
         runner.message_hub.update_scalar('train/quarantine_removed',
@@ -206,7 +224,7 @@ class Quarantine(object):
         self.blocked.update(indices)
         if self._composed is not None:
             self._composed.block(file)
-            self._replace_workers()
+            self.replace_workers()
         return sample
 
     def add_found(self, samples, **where):
@@ -250,6 +268,10 @@ class Quarantine(object):
         added, unknown = self.add_found(
             findings, iter=event.iter, epoch=event.epoch, rank=event.rank,
             source=source)
+        if any(f.get('img_path') is None for f in findings):
+            # A composed sample without recorded parts: from workers that
+            # started before the guard.
+            self.replace_workers()
         for finding in unknown:
             logger.warning(
                 'mmnanhook: sample %s of the batch (%s) cannot be '

@@ -44,36 +44,32 @@ class Handover(object):
         self.old = old
         self.loader = loader
         self.wrapper = wrapper
-        self.left = old._tasks_outstanding
+        # Dispatched, not yet yielded (arrived out of order included).
+        self.in_flight = len(old._task_info)
         self._sampler_iter = old._sampler_iter
-        # The old workers build what they were given, nothing more.
+        self.fresh = None
+        # The old workers build what they were given, nothing more: the old
+        # iterator ends once it has yielded all of it.
         old._sampler_iter = iter(())
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.left > 0:
-            self.left -= 1
+        if self.fresh is None:
             try:
                 return next(self.old)
             except StopIteration:
-                # The stream ended (a finite sampler): the loop starts the
-                # loader again, with fresh workers.
-                self._close()
-                raise
-        return next(self._fresh())
+                self.fresh = self._start()
+        return next(self.fresh)
 
-    def _close(self):
-        self.old._shutdown_workers()
-        if getattr(self.loader, '_iterator', None) is self.old:
-            self.loader._iterator = None
-
-    def _fresh(self):
+    def _start(self):
         """Fork fresh workers that continue the index stream; they take this
         iterator's place in the loop and in a persistent loader."""
-        self._close()
+        self.old._shutdown_workers()
         loader = self.loader
+        if getattr(loader, '_iterator', None) is self.old:
+            loader._iterator = None
         # Their base seed is one more torch draw: given back, so the run's
         # own random numbers stay as they were.
         states = [(torch.set_rng_state, torch.get_rng_state())]
@@ -91,6 +87,9 @@ class Handover(object):
             object.__setattr__(loader, 'batch_sampler', real)
             for restore, state in states:
                 restore(state)
+        # Its next epoch (a finite sampler, a persistent loader) starts from
+        # the real batch sampler again.
+        fresh._index_sampler = real
         if getattr(self.wrapper, '_iterator', None) is self:
             self.wrapper._iterator = fresh
         return fresh
@@ -126,4 +125,4 @@ def hand_over(runner, stale):
             'batch(es) they were building, workers started anew (their '
             'random draws start over from the run\'s seed) check the '
             'Mosaic/MixUp partners they draw against it'
-            % (type(runner.train_loop).__name__, handover.left))
+            % (type(runner.train_loop).__name__, handover.in_flight))

@@ -23,9 +23,11 @@
 """
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      answer_text, describe_losses, loss_terms)
-from ._distributed import (DropDecision, Exchange, PeerForwardFailed, Ranks,
-                           data_culprits, drop_decision, rank_finding,
-                           received)
+from ._distributed import (COLLECTIVES, DropDecision, Exchange, ForwardGuard,
+                           PeerForwardFailed, Ranks, agreed_plan,
+                           data_culprits,
+                           drop_decision, rank_finding, received,
+                           start_distributed)
 from ._drop import DropPlan, Dropper, drop_unavailable, samples_to_drop
 from ._forward import forward_failed, raised_by_nonfinite
 from ._guard import BypassGuard
@@ -40,8 +42,9 @@ from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
                        install_nan_detect, members, sentinel_of)
 
 __all__ = [
-    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'DropDecision', 'DropPlan',
-    'Dropper', 'Exchange', 'FIELDS', 'PeerForwardFailed', 'Ranks',
+    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'COLLECTIVES',
+    'DropDecision', 'DropPlan', 'Dropper', 'Exchange', 'FIELDS',
+    'ForwardGuard', 'PeerForwardFailed', 'Ranks',
     'GradNorms',
     'History', 'Listener', 'MicroStep', 'NanDetectAmpOptimWrapper',
     'NanDetectHandle', 'NanDetectOptimWrapper', 'Rewinder', 'SeriesBand',
@@ -49,10 +52,11 @@ __all__ = [
     'StepContext',
     'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
     'capture_rng',
-    'clip_grads_with_norm_', 'data_culprits', 'describe_losses',
+    'agreed_plan', 'clip_grads_with_norm_', 'data_culprits',
+    'describe_losses',
     'drop_decision',
     'drop_unavailable', 'forward_failed', 'install_nan_detect',
     'raised_by_nonfinite', 'rank_finding', 'received',
     'loss_terms', 'members', 'param_norms', 'restore_rng', 'samples_to_drop',
-    'sentinel_of', 'step_record'
+    'sentinel_of', 'start_distributed', 'step_record'
 ]

@@ -15,8 +15,11 @@ import contextlib
 import functools
 import logging
 
+import torch
+
 from .._batch import batch_size, split_batch
 from .._mmengine import unwrap_model
+from ..errors import PeerForwardFailed
 from ._rng import restore_rng
 
 # Kinds whose implicated samples are the cause: the data itself, or a forward
@@ -157,7 +160,9 @@ def zero_forward(model, wrapper):
         module.forward = zero
         try:
             with wrapper.optim_context(model):
-                return model()
+                # One input: DDP with device_ids scatters its inputs and
+                # takes the first.
+                return model(torch.zeros(()))
         finally:
             if had:
                 module.forward = old
@@ -284,7 +289,7 @@ class Dropper(object):
         return DropPlan(indices, forwards, undo, fail, decision.dropped,
                         empty, decision.factor(fail))
 
-    def again(self, plan, steps, train_step, sentinel):
+    def again(self, plan, steps, train_step, sentinel, undo=None):
         """The train step of a forward that raised on its samples' data,
         taken again without them (``policy='drop'``).
 
@@ -293,7 +298,8 @@ class Dropper(object):
         reduced batch, from the RNG state before the failing forward, and
         its update step is checked, applied and resolved as any other.
         Under DDP every rank takes it again (its batch unchanged when it
-        drops nothing; a zero loss when it drops everything).
+        drops nothing; a zero loss when it drops everything); a forward that
+        raises again on one rank makes every rank skip it.
 
         Args:
             plan (DropPlan): The drop.
@@ -301,26 +307,44 @@ class Dropper(object):
             train_step (callable): ``batch -> outputs``: the model's own
                 ``train_step`` with the loop's other arguments.
             sentinel (WrapperSentinel): The optim wrapper's sentinel
-                (``train/samples_dropped``).
+                (``train/samples_dropped``, the ranks' vote).
+            undo (callable, optional): Puts the buffers back as they were
+                before the failing micro-step; ``plan.undo`` by default.
 
         Returns:
             dict: What the reduced train step returned.
         """
         batch, rng = dict((i, (b, r)) for i, b, r in steps)[plan.iter]
-        plan.undo()
+        (undo or plan.undo)()
         restore_rng(rng)
-        skipped = sentinel.check.skipped
+        check = sentinel.check
+        skipped, records = check.skipped, check.records
         wrapper = self.wrappers[0]
-        if plan.empty:
-            outputs = {}
-            wrapper.update_params(zero_forward(self.model, wrapper)())
-        else:
-            if plan.indices:
-                batch = split_batch(batch, [i for i in range(
-                    batch_size(batch)) if i not in plan.indices])
-            with _scaled_losses(unwrap_model(self.model), plan.factor):
-                outputs = train_step(batch)
-        if sentinel.check.skipped == skipped:
+        try:
+            if plan.empty:
+                outputs = {}
+                wrapper.update_params(zero_forward(self.model, wrapper)())
+            else:
+                if plan.indices:
+                    batch = split_batch(batch, [i for i in range(
+                        batch_size(batch)) if i not in plan.indices])
+                with _scaled_losses(unwrap_model(self.model), plan.factor):
+                    outputs = train_step(batch)
+        except Exception as error:
+            if sentinel.ranks is None or check.records != records:
+                raise
+            if not isinstance(error, PeerForwardFailed):
+                # The other ranks wait in their next vote.
+                sentinel.ranks.vote(True)
+            self.log(logging.WARNING, 'mmnanhook: the train step taken again '
+                     'without sample(s) %s raised %s: %s; every rank skips '
+                     'it' % (plan.indices, type(error).__name__, error))
+            plan.undo()
+            wrapper.zero_grad()
+            check.skip()
+            sentinel.hub.update_scalar('train/nan_skipped', check.skipped)
+            return {}
+        if check.skipped == skipped:
             sentinel.samples_dropped += plan.dropped
             sentinel.hub.update_scalar('train/samples_dropped',
                                        sentinel.samples_dropped)

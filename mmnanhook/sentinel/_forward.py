@@ -22,8 +22,8 @@ from mmengine.dist import get_dist_info
 from .. import compat
 from ..records import NonFiniteEvent, Trigger
 from ._check import StepContext, answer_text
-from ._distributed import (Exchange, PeerForwardFailed, rank_finding,
-                           received)
+from ..errors import PeerForwardFailed
+from ._distributed import Exchange, rank_finding, received
 
 
 def _is_out_of_memory(exc):
@@ -60,7 +60,7 @@ def _event(runner, exc, failed, ranks):
 
 
 def forward_failed(runner, exc, train_step, listener, ranks, replay,
-                   steps, sentinel, undo, dropper, wrappers):
+                   steps, sentinel, undo, undo_step, dropper, wrappers):
     """Handle a train step whose forward raised (on this rank or, under
     DDP, on another).
 
@@ -78,7 +78,11 @@ def forward_failed(runner, exc, train_step, listener, ranks, replay,
         steps (callable): The micro-steps kept since the last update step
             (``StepMemory.steps``).
         sentinel (WrapperSentinel): The optim wrapper's sentinel.
-        undo (callable): Puts back what the failing forward wrote.
+        undo (callable, optional): Puts the buffers (BN running
+            statistics) back as they were before the update step's first
+            micro-step: a skip.
+        undo_step (callable, optional): As they were before the failing
+            micro-step: the train step taken again.
         dropper (Dropper, optional): Takes the step again (``'drop'``).
         wrappers (list[OptimWrapper]): Whose gradients a skip zeroes.
 
@@ -114,10 +118,11 @@ def forward_failed(runner, exc, train_step, listener, ranks, replay,
     # The frames' locals hold the failed forward's activations.
     traceback.clear_frames(exc.__traceback__)
     if answer.get('drop') is not None:
-        return dropper.again(answer['drop'], steps(), train_step,
-                                      sentinel)
+        return dropper.again(answer['drop'], steps(), train_step, sentinel,
+                             undo_step)
     if not sentinel.check.resolve(event, answer):
-        undo()
+        if undo is not None:
+            undo()
         for wrapper in wrappers:
             wrapper.zero_grad()
         runner.message_hub.update_scalar('train/nan_skipped',

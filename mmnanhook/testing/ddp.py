@@ -228,6 +228,14 @@ def _raise_skip(out_dir):
                      policy='skip')
 
 
+def _raise_reduce(out_dir):
+    """The forward raises on rank 1 alone, before a collective of the loss
+    (a ``reduce_mean``) that rank 0 then calls, 'skip'."""
+    from mmnanhook.testing.toy import ToyNormalizedModel
+    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'},
+                     ToyNormalizedModel, policy='skip')
+
+
 def _raise_drop(out_dir):
     """The same forward, 'drop': rank 1 takes the step again without it."""
     return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'})
@@ -317,7 +325,7 @@ SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop,
              'drop_whole_unused': _drop_whole(dict(
                  find_unused_parameters=True)),
              'drop_whole_static': _drop_whole(dict(static_graph=True)),
-             'raise_skip': _raise_skip,
+             'raise_skip': _raise_skip, 'raise_reduce': _raise_reduce,
              'raise_drop': _raise_drop, 'syncbn_skip': _syncbn('skip'),
              'syncbn_drop': _syncbn('drop'), 'nodes': _nodes}
 
@@ -452,6 +460,10 @@ def main(argv=None, scenarios=None):
         with open(osp.join(where, 'rank%d.json' % dist.get_rank()),
                   'w') as f:
             json.dump(result, f)
+    # Every rank done before any leaves; the group's threads joined before
+    # the interpreter's exit (a joinable one aborts the process).
+    dist.barrier()
+    dist.destroy_process_group()
     # torch 1.7's autograd engine can hang in the exit handlers after a
     # backward (pytorch#47886): a rank that hangs there fails its launch.
     from .. import compat

@@ -164,6 +164,22 @@ class ToySyncBNModel(ToyModel):
         return self.bn(x.unsqueeze(1)).squeeze(1)
 
 
+class ToyNormalizedModel(ToyModel):
+    """:class:`ToyModel` whose main loss is normalized by the batch size
+    averaged over the ranks, as mmdet's heads divide by ``reduce_mean(
+    num_pos)``: under DDP a collective every forward calls after the point
+    where a bad sample's loss raises (``nan_input_raise``)."""
+
+    def loss(self, y, faults):
+        losses = super(ToyNormalizedModel, self).loss(y, faults)
+        import torch.distributed as dist
+        count = torch.tensor(float(y.shape[0]))
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(count.div_(dist.get_world_size()))
+        losses['loss_main'] = losses['loss_main'] * (y.shape[0] / count)
+        return losses
+
+
 class TwoOptimizerModel(ToyModel):
     """Updates ``fc`` and ``head`` with their own wrappers (GAN-style): an
     ``OptimWrapperDict`` of :func:`two_optimizers`."""

@@ -17,7 +17,8 @@ STATIC_GRAPH = 'static_graph' in inspect.signature(
     torch.nn.parallel.DistributedDataParallel).parameters
 
 SCENARIOS = ['nan_loss', 'rewind', 'drop', 'drop_whole', 'drop_whole_unused',
-             'raise_skip', 'raise_drop', 'syncbn_skip', 'syncbn_drop'] + (
+             'raise_skip', 'raise_drop', 'raise_reduce', 'syncbn_skip',
+             'syncbn_drop'] + (
                  ['drop_whole_static'] if STATIC_GRAPH else [])
 
 
@@ -125,6 +126,17 @@ def test_a_forward_raising_on_one_rank_takes_every_rank_the_same_way(
             assert result['by_hand'] and result['samples_dropped'] == 1
     bundles = _culprit_named(results)
     assert all(b['kind'] == 'data' for b in bundles)
+
+
+def test_a_forward_raising_before_a_collective_of_the_loss_is_voted_on(
+        runs):
+    # Rank 1's forward raises in its loss before the loss's reduce_mean,
+    # which rank 0 then calls: rank 0 votes before that collective and
+    # learns it there, instead of waiting in it for rank 1.
+    results, log = run(runs, 'raise_reduce')
+    _same_weights(results)
+    assert [r['skipped'] for r in results] == [1, 1]
+    assert 'forward of rank(s) %d raised' % BAD_RANK in results[0]['log']
 
 
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
