@@ -23,16 +23,15 @@ from .diagnosis import (communicating_modules, default_dump_dir,
                         evidence_before, handle_incident, largest_param,
                         local_replays, locate_micro_step)
 from .options import (CheckOptions, QuarantineOptions, RewindOptions,
-                      check_anomaly, check_bool, check_count, check_path,
-                      is_count)
+                      anomaly_wanted, check_anomaly, check_bool, check_count,
+                      check_path)
 from .quarantine import start_quarantine
 from .quarantine._inflight import call_with
 from .records import Trigger
 from .report import forget_nonfinite, to_visualizer
 from .sentinel import (BufferSnapshot, BypassGuard, Dropper, Exchange,
                        History, Listener, Rewinder, StepMemory,
-                       agreed_plan, data_culprits, drop_decision,
-                       forward_failed,
+                       data_culprits, forward_failed, plan_drop,
                        install_nan_detect, loss_terms, param_norms,
                        rank_finding, start_distributed, step_record)
 
@@ -259,34 +258,19 @@ class NanDetectHook(Hook, Listener):
                 setattr(obj, name, old)
             else:
                 delattr(obj, name)
-        if self._handle is not None:
-            self._handle.remove()
-            self._handle = None
-        self._guard = None
-        self._parsed = None
+        for part in (self._handle, self._quarantine, self._forward_guard):
+            if part is not None:
+                part.remove()
+        if self._ranks is not None:
+            self._ranks.close()
+        self._handle = self._quarantine = self._forward_guard = None
+        self._ranks = self._guard = self._parsed = self._dropper = None
         self._memory.clear()
         self._buffers = self._micro_buffers = None
         # Snapshots are memory of the run that ended.
         self._rewinder = None
-        if self._quarantine is not None:
-            self._quarantine.remove()
-            self._quarantine = None
-        self._dropper = None
-        if self._forward_guard is not None:
-            self._forward_guard.remove()
-            self._forward_guard = None
-        if self._ranks is not None:
-            self._ranks.close()
-            self._ranks = None
 
     # -- per iteration -----------------------------------------------------
-
-    def _anomaly_enabled(self):
-        if self.anomaly == 'always':
-            return True
-        if is_count(self.anomaly):
-            return self._train_iters < self.anomaly
-        return False
 
     def _before_step(self, runner, data_batch):
         """Keep what a trigger in this train iteration needs to replay it.
@@ -353,7 +337,7 @@ class NanDetectHook(Hook, Listener):
         @functools.wraps(train_step)
         def nan_detect_train_step(*args, **kwargs):
             state = compat.anomaly_state()
-            wanted = self._anomaly_enabled()
+            wanted = anomaly_wanted(self.anomaly, self._train_iters)
             if wanted != state[0]:
                 compat.set_detect_anomaly(wanted)
             records = None
@@ -523,24 +507,14 @@ class NanDetectHook(Hook, Listener):
         if not spike:
             self._recover(event, policy, result)
         if rewind:
-            model = unwrap_model(self._runner.model)
-            since = evidence['began_at'] if evidence else event.iter
-            if ranks is not None:
-                since = int(ranks.reduce(since, 'min'))
             snapshot, reason = self._rewinder.rewind(
-                since, model, self._handle.wrappers, self._handle.sentinels)
+                evidence['began_at'] if evidence else event.iter,
+                unwrap_model(self._runner.model), self._handle.wrappers,
+                self._handle.sentinels, ranks)
             if reason:
                 result['escalate'] = reason
             else:
                 self._rewound_at = snapshot.iter
-                self._runner.message_hub.update_scalar(
-                    'train/rewinds', self._rewinder.rewinds)
-                self._logger.warning(
-                    'mmnanhook: rewound to the state %s; LR x %g for %d '
-                    'update steps' % (
-                        'after iter %d' % snapshot.iter if snapshot.iter >= 0
-                        else 'training started from', self._rewinder.factor,
-                        self.rewind_options.cooldown))
         return result or None
 
     def _recover(self, event, policy, result):
@@ -553,19 +527,13 @@ class NanDetectHook(Hook, Listener):
             else data_culprits(event, findings)
         if policy == 'drop' and (event.trigger != Trigger.EXCEPTION or data):
             self._step['event'] = event
-            if findings is None:
-                result['drop'] = self._dropper.plan(
-                    event, result.get('report'), self._memory.steps(),
-                    self._buffers.restore)
-                return
-            decision = drop_decision(
-                findings, event.world_size,
-                self._forward_guard.communicates(self._communicating),
-                is_ddp(self._runner.model))
-            result['drop'] = agreed_plan(
-                self._ranks, decision, functools.partial(
-                    self._dropper.plan, event, None, self._memory.steps(),
-                    self._buffers.restore, decision), self._logger)
+            steps, undo = self._memory.steps(), self._buffers.restore
+            result['drop'] = self._dropper.plan(
+                event, result.get('report'), steps, undo) \
+                if findings is None else plan_drop(
+                    self._dropper, event, steps, undo, findings, self._ranks,
+                    self._forward_guard.communicates(self._communicating),
+                    is_ddp(self._runner.model), self._logger)
         elif (self.quarantine_options.skips and policy in ('skip', 'rewind')
               and data):
             self._quarantine.record(samples, event, policy, self._logger)

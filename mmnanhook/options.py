@@ -62,6 +62,13 @@ def check_anomaly(anomaly):
             (', '.join(map(repr, ANOMALY_MODES)), anomaly))
 
 
+def anomaly_wanted(anomaly, train_iters):
+    """Whether anomaly mode is on in a train iteration, ``train_iters``
+    iterations into the run (``anomaly`` checked by :func:`check_anomaly`)."""
+    return anomaly == 'always' or (is_count(anomaly) and
+                                   train_iters < anomaly)
+
+
 def check_path(name, value):
     """``value``: a path or ``None``."""
     if value is not None and not isinstance(value, (str, os.PathLike)):

@@ -24,10 +24,9 @@
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      answer_text, describe_losses, loss_terms)
 from ._distributed import (COLLECTIVES, DropDecision, Exchange, ForwardGuard,
-                           PeerForwardFailed, Ranks, agreed_plan,
-                           data_culprits,
-                           drop_decision, rank_finding, received,
-                           start_distributed)
+                           PeerForwardFailed, Ranks, data_culprits,
+                           drop_decision, plan_drop, rank_finding,
+                           received, start_distributed)
 from ._drop import DropPlan, Dropper, drop_unavailable, samples_to_drop
 from ._forward import forward_failed, raised_by_nonfinite
 from ._guard import BypassGuard
@@ -42,21 +41,16 @@ from ._wrapper import (ATTRIBUTE, Listener, NanDetectAmpOptimWrapper,
                        install_nan_detect, members, sentinel_of)
 
 __all__ = [
-    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'COLLECTIVES',
-    'DropDecision', 'DropPlan', 'Dropper', 'Exchange', 'FIELDS',
-    'ForwardGuard', 'PeerForwardFailed', 'Ranks',
-    'GradNorms',
-    'History', 'Listener', 'MicroStep', 'NanDetectAmpOptimWrapper',
-    'NanDetectHandle', 'NanDetectOptimWrapper', 'Rewinder', 'SeriesBand',
-    'Snapshot', 'SnapshotStore', 'Spike', 'SpikeDetector', 'StepCheck',
-    'StepContext',
-    'StepMemory', 'StepOutcome', 'WrapperSentinel', 'answer_text',
-    'capture_rng',
-    'agreed_plan', 'clip_grads_with_norm_', 'data_culprits',
-    'describe_losses',
-    'drop_decision',
-    'drop_unavailable', 'forward_failed', 'install_nan_detect',
-    'raised_by_nonfinite', 'rank_finding', 'received',
-    'loss_terms', 'members', 'param_norms', 'restore_rng', 'samples_to_drop',
-    'sentinel_of', 'start_distributed', 'step_record'
+    'answer_text', 'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'capture_rng',
+    'clip_grads_with_norm_', 'COLLECTIVES', 'data_culprits', 'describe_losses',
+    'drop_decision', 'drop_unavailable', 'DropDecision', 'Dropper', 'DropPlan',
+    'Exchange', 'FIELDS', 'forward_failed', 'ForwardGuard', 'GradNorms',
+    'History', 'install_nan_detect', 'Listener', 'loss_terms', 'members',
+    'MicroStep', 'NanDetectAmpOptimWrapper', 'NanDetectHandle',
+    'NanDetectOptimWrapper', 'param_norms', 'PeerForwardFailed', 'plan_drop',
+    'raised_by_nonfinite', 'rank_finding', 'Ranks', 'received', 'restore_rng',
+    'Rewinder', 'samples_to_drop', 'sentinel_of', 'SeriesBand', 'Snapshot',
+    'SnapshotStore', 'Spike', 'SpikeDetector', 'start_distributed',
+    'step_record', 'StepCheck', 'StepContext', 'StepMemory', 'StepOutcome',
+    'WrapperSentinel'
 ]

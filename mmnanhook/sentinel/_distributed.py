@@ -377,13 +377,33 @@ def drop_decision(findings, world_size, communicates, can_zero=True):
     return decision
 
 
-def agreed_plan(ranks, decision, plan, logger):
-    """This rank's part of ``decision``, once every rank could prepare its
-    own (else every rank skips): ``plan()``'s answer, or ``None``."""
+def plan_drop(dropper, event, steps, undo, findings, ranks, communicates,
+              can_zero, logger):
+    """This rank's part of the drop every rank takes
+    (:func:`drop_decision`), once every rank could prepare its own (else
+    every rank skips).
+
+    Args:
+        dropper (Dropper): Prepares this rank's part.
+        event (NonFiniteEvent): The trigger.
+        steps (list[tuple]): The micro-steps kept since the last update.
+        undo (callable): Puts back what the failing forward wrote.
+        findings (list[RankFinding]): Every rank's.
+        ranks (Ranks): The run's ranks.
+        communicates (list[str]): What communicates in the train step.
+        can_zero (bool): Whether the model is wrapped in DDP.
+        logger (logging.Logger): Where a failure to prepare is said.
+
+    Returns:
+        DropPlan | None: ``None``: every rank skips.
+    """
+    decision = drop_decision(findings, event.world_size, communicates,
+                             can_zero)
     if decision.reason is not None:
-        return plan()  # None on every rank: it says why
+        # None on every rank: it says why.
+        return dropper.plan(event, None, steps, undo, decision)
     try:
-        mine = plan()
+        mine = dropper.plan(event, None, steps, undo, decision)
     except Exception:  # noqa: BLE001 - every rank must learn it
         logger.exception("mmnanhook: policy 'drop': this rank's part "
                          'could not be prepared')

@@ -179,14 +179,25 @@ class Rewinder(object):
         if self.store.due(iter):
             self.store.take(iter, model, wrappers)
 
-    def rewind(self, since, model, wrappers, sentinels):
-        """Go back to the newest snapshot taken before iteration ``since``.
+    def rewind(self, since, model, wrappers, sentinels, ranks=None):
+        """Go back to the newest snapshot taken before iteration ``since``
+        (``train/rewinds`` counted, the log told).
+
+        Args:
+            since (int): The first iteration of the divergence.
+            model (nn.Module): The model.
+            wrappers (list[OptimWrapper]): Its optim wrappers.
+            sentinels (list): Their sentinels (the LR factor they apply).
+            ranks (Ranks, optional): Under DDP: every rank goes back before
+                the earliest ``since`` of all, to the same snapshot.
 
         Returns:
             tuple: ``(snapshot, None)`` after going back; ``(None, reason)``
             when there is nothing to go back to or when ``max_rewinds``
             consecutive rewinds are exceeded (the caller escalates).
         """
+        if ranks is not None:
+            since = int(ranks.reduce(since, 'min'))
         snapshot = self.store.before(since)
         if snapshot is None:
             return None, ('no snapshot older than iteration %s to rewind to'
@@ -210,4 +221,10 @@ class Rewinder(object):
         self.cooldown_left = self.options.cooldown
         for sentinel in sentinels:
             sentinel.lr_factor = self.factor if self.cooldown_left else None
+        sentinels[0].hub.update_scalar('train/rewinds', self.rewinds)
+        self.log(logging.WARNING, (
+            'mmnanhook: rewound to the state %s; LR x %g for %d update '
+            'steps' % ('after iter %d' % snapshot.iter if snapshot.iter >= 0
+                       else 'training started from', self.factor,
+                       self.options.cooldown)))
         return snapshot, None

@@ -405,6 +405,29 @@ class BatchFiles(ZooProbe):
         self.epochs.append(runner.epoch)
 
 
+def runner_with_files(cfg, hook=None):
+    """A ``Runner`` built from ``cfg`` with a :class:`BatchFiles` probe.
+
+    Args:
+        cfg (Config): The config.
+        hook (dict, optional): ``NanDetectHook``'s options, added as the
+            config's custom hook (imported the way ``tools/train.py``
+            imports it); else the config's own hooks.
+
+    Returns:
+        tuple: ``(runner, files)``.
+    """
+    from mmengine.runner import Runner
+    if hook is not None:
+        cfg.custom_imports = dict(imports=['mmnanhook'],
+                                  allow_failed_imports=False)
+        cfg.custom_hooks = [dict(hook, type='NanDetectHook')]
+    runner = Runner.from_cfg(cfg)
+    files = BatchFiles()
+    runner.register_hook(files)
+    return runner, files
+
+
 def weights(runner):
     """Copies of the model's parameters, by name."""
     return {k: v.detach().clone()

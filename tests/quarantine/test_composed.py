@@ -163,7 +163,6 @@ def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
     trained by ``IterBasedTrainLoop`` with a shuffling ``InfiniteSampler``
     and 2 persistent workers (started when the loop is built, before any
     hook); ``tile`` (a base name, or None) is nodata."""
-    from mmengine.runner import Runner
     from mmnanhook.testing import testbed, zoo
     from mmnanhook.testing.nodata import (nodata_pipeline,
                                           register_nodata_transforms)
@@ -190,13 +189,8 @@ def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
         num_workers=2, persistent_workers=True,
         sampler=dict(type='InfiniteSampler', shuffle=True))
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters)
-    if hook:
-        cfg.custom_imports = dict(imports=['mmnanhook'],
-                                  allow_failed_imports=False)
-        cfg.custom_hooks = [dict(type='NanDetectHook', policy='drop')]
-    runner = Runner.from_cfg(cfg)
-    files = zoo.BatchFiles()
-    runner.register_hook(files)
+    runner, files = zoo.runner_with_files(
+        cfg, dict(policy='drop') if hook else None)
     runner.train()
     return runner, files.files, log
 

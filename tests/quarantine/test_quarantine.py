@@ -13,7 +13,6 @@ import stat
 import time
 
 import pytest
-from mmengine.runner import Runner
 
 from mmnanhook.quarantine import (FILE_NAME, QuarantinedSample,
                                   QuarantineError, read_quarantine,
@@ -46,13 +45,7 @@ def _runner(tmp_path, work, hook, defects=None, epochs=EPOCHS, **cfg_extra):
     cfg.log_processor = dict(type='LogProcessor', window_size=50,
                              by_epoch=True)
     cfg.merge_from_dict(cfg_extra)
-    cfg.custom_imports = dict(imports=['mmnanhook'],
-                              allow_failed_imports=False)
-    cfg.custom_hooks = [dict(hook, type='NanDetectHook')]
-    runner = Runner.from_cfg(cfg)
-    files = zoo.BatchFiles()
-    runner.register_hook(files)
-    return runner, files, data
+    return zoo.runner_with_files(cfg, hook) + (data, )
 
 
 def _bad_file(data):

@@ -12,7 +12,6 @@ import os.path as osp
 
 import pytest
 from mmengine.registry import init_default_scope
-from mmengine.runner import Runner
 
 from mmnanhook.quarantine import (Quarantine, QuarantinedSample,
                                   read_quarantine, write_quarantine)
@@ -39,13 +38,7 @@ def _runner(tmp_path, work, hook, data, workers=0, iters=ITERS, **loader):
     cfg.train_dataloader.update(
         num_workers=workers, persistent_workers=workers > 0,
         sampler=dict(type='InfiniteSampler', shuffle=True), **loader)
-    cfg.custom_imports = dict(imports=['mmnanhook'],
-                              allow_failed_imports=False)
-    cfg.custom_hooks = [dict(hook, type='NanDetectHook')]
-    runner = Runner.from_cfg(cfg)
-    files = zoo.BatchFiles()
-    runner.register_hook(files)
-    return runner, files
+    return zoo.runner_with_files(cfg, hook)
 
 
 def _bundles(runner):

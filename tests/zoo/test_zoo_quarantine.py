@@ -8,7 +8,6 @@ import os.path as osp
 
 import pytest
 from mmengine.dataset import InfiniteSampler
-from mmengine.runner import Runner
 
 from mmnanhook.quarantine import read_quarantine
 from mmnanhook.testing import zoo
@@ -60,9 +59,7 @@ def test_drop_on_the_iteration_based_zoo_config_holds_for_all_passes(
     assert loader.sampler.type == 'InfiniteSampler'
     assert loader.batch_sampler.type == 'AspectRatioBatchSampler'
     assert loader.num_workers == 2 and loader.persistent_workers
-    runner = Runner.from_cfg(cfg)
-    files = zoo.BatchFiles()
-    runner.register_hook(files)
+    runner, files = zoo.runner_with_files(cfg)
     runner.train()
     assert runner.iter == iters == len(files.files)
     assert all(len(batch) == 2 for batch in files.files)
