@@ -18,6 +18,7 @@ from mmengine.registry import HOOKS
 
 from . import compat
 from ._mmengine import is_ddp, unwrap_model
+from ._patch import set_attribute
 from .errors import CheckBypassedError, NonFiniteError
 from .diagnosis import (communicating_modules, default_dump_dir,
                         evidence_before, handle_incident, largest_param,
@@ -247,17 +248,11 @@ class NanDetectHook(Hook, Listener):
     def _patch(self, obj, name, func):
         # Instance attributes only: the class (shared with other runners and
         # models) is never touched.
-        own = vars(obj)
-        self._patches.append((obj, name, name in own, own.get(name)))
-        setattr(obj, name, func)
+        self._patches.append(set_attribute(obj, name, func))
 
     def _restore(self):
         while self._patches:
-            obj, name, had, old = self._patches.pop()
-            if had:
-                setattr(obj, name, old)
-            else:
-                delattr(obj, name)
+            self._patches.pop()()
         for part in (self._handle, self._quarantine, self._forward_guard):
             if part is not None:
                 part.remove()

@@ -21,6 +21,7 @@ from collections import Counter
 
 import torch
 
+from .._patch import set_attribute
 from ._backward import _is_accumulate_grad
 from ._frames import (_is_traced_file, _stack_frames, is_user_file,
                       node_traceback, parse_frames, user_location)
@@ -32,17 +33,7 @@ def _patch_forward(module, make_wrapper):
 
     Returns the function that undoes it.
     """
-    had_own = 'forward' in module.__dict__
-    own = module.__dict__.get('forward')
-    module.forward = make_wrapper(module.forward)
-
-    def undo():
-        if had_own:
-            module.forward = own
-        else:
-            del module.forward
-
-    return undo
+    return set_attribute(module, 'forward', make_wrapper(module.forward))
 
 
 class _Patches(object):

@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .._patch import set_attribute
 from ..sentinel import COLLECTIVES, BufferSnapshot
 
 # Norm layers that never communicate (no dry check needed).
@@ -305,10 +306,9 @@ def local_replays(modules):
     saved, real = [], {}
     try:
         for name, module in modules:
-            own = vars(module)
-            saved.append((module, 'forward' in own, own.get('forward'),
-                          BufferSnapshot(module)))
-            module.forward = _local_forward(module)
+            buffers = BufferSnapshot(module)
+            saved.append((set_attribute(module, 'forward',
+                                        _local_forward(module)), buffers))
         for name, answer in _local_collectives(scope.calls).items():
             real[name] = getattr(dist, name)
             setattr(dist, name, answer)
@@ -316,9 +316,6 @@ def local_replays(modules):
     finally:
         for name, func in real.items():
             setattr(dist, name, func)
-        for module, had, old, buffers in saved:
-            if had:
-                module.forward = old
-            else:
-                del module.forward
+        for undo, buffers in saved:
+            undo()
             buffers.restore()

@@ -25,6 +25,8 @@ import multiprocessing
 
 import numpy as np
 
+from .._patch import set_attribute
+
 # The metainfo key of a composed sample's parts.
 PARTS = 'mmnan_parts'
 # Draws of partners before giving up on finding unquarantined ones.
@@ -140,16 +142,10 @@ class ComposedGuard(object):
         """Unbind from the transforms (the main process's copies): each
         attribute as it was, an instance attribute of its own included."""
         while self._undo:
-            obj, name, had, old = self._undo.pop()
-            if had:
-                setattr(obj, name, old)
-            else:
-                vars(obj).pop(name, None)
+            self._undo.pop()()
 
     def _set(self, obj, name, value):
-        own = vars(obj)
-        self._undo.append((obj, name, name in own, own.get(name)))
-        setattr(obj, name, value)
+        self._undo.append(set_attribute(obj, name, value))
 
     def _pack(self, packer, keys):
         # mmdet 3.1's PackDetInputs asserts every meta key is in the

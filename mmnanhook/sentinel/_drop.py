@@ -19,6 +19,7 @@ import torch
 
 from .._batch import batch_size, split_batch
 from .._mmengine import unwrap_model
+from .._patch import patched
 from ..errors import PeerForwardFailed
 from ._rng import restore_rng
 
@@ -63,6 +64,22 @@ class DropPlan(object):
         self.dropped = len(self.indices) if dropped is None else dropped
         self.empty = empty
         self.factor = factor
+
+    def applied(self, sentinel):
+        """The step was applied without the samples: count them
+        (``train/samples_dropped``)."""
+        sentinel.samples_dropped += self.dropped
+        sentinel.hub.update_scalar('train/samples_dropped',
+                                   sentinel.samples_dropped)
+
+    def abandon(self, wrapper, sentinel):
+        """The recomputation raised: the step is skipped instead (what the
+        forwards wrote put back, gradients zeroed, ``train/nan_skipped``)."""
+        self.undo()
+        wrapper.zero_grad()
+        sentinel.check.skip()
+        sentinel.hub.update_scalar('train/nan_skipped',
+                                   sentinel.check.skipped)
 
 
 def drop_unavailable(wrappers):
@@ -155,19 +172,10 @@ def zero_forward(model, wrapper):
                    if p.requires_grad)
 
     def forward():
-        own = vars(module)
-        had, old = 'forward' in own, own.get('forward')
-        module.forward = zero
-        try:
-            with wrapper.optim_context(model):
-                # One input: DDP with device_ids scatters its inputs and
-                # takes the first.
-                return model(torch.zeros(()))
-        finally:
-            if had:
-                module.forward = old
-            else:
-                del module.forward
+        with patched(module, 'forward', zero), wrapper.optim_context(model):
+            # One input: DDP with device_ids scatters its inputs and takes
+            # the first.
+            return model(torch.zeros(()))
 
     return forward
 
@@ -179,22 +187,14 @@ def _scaled_losses(module, factor):
     if factor == 1.0:
         yield
         return
-    own = vars(module)
-    had, old = 'parse_losses' in own, own.get('parse_losses')
     parse = module.parse_losses
 
     def scaled(*args, **kwargs):
         loss, log_vars = parse(*args, **kwargs)
         return loss * factor, log_vars
 
-    module.parse_losses = scaled
-    try:
+    with patched(module, 'parse_losses', scaled):
         yield
-    finally:
-        if had:
-            module.parse_losses = old
-        else:
-            del module.parse_losses
 
 
 def _ignore(log_vars):
@@ -339,15 +339,10 @@ class Dropper(object):
             self.log(logging.WARNING, 'mmnanhook: the train step taken again '
                      'without sample(s) %s raised %s: %s; every rank skips '
                      'it' % (plan.indices, type(error).__name__, error))
-            plan.undo()
-            wrapper.zero_grad()
-            check.skip()
-            sentinel.hub.update_scalar('train/nan_skipped', check.skipped)
+            plan.abandon(wrapper, sentinel)
             return {}
         if check.skipped == skipped:
-            sentinel.samples_dropped += plan.dropped
-            sentinel.hub.update_scalar('train/samples_dropped',
-                                       sentinel.samples_dropped)
+            plan.applied(sentinel)
         return outputs
 
     def _keep(self, log_vars):

@@ -20,9 +20,9 @@ import traceback
 from mmengine.dist import get_dist_info
 
 from .. import compat
+from ..errors import PeerForwardFailed
 from ..records import NonFiniteEvent, Trigger
 from ._check import StepContext, answer_text
-from ..errors import PeerForwardFailed
 from ._distributed import Exchange, rank_finding, received
 
 

@@ -398,10 +398,7 @@ class WrapperSentinel(object):
                  '%s raised %s: %s; skipped' % (plan.indices,
                                                 type(error).__name__, error),
                  logging.WARNING)
-            plan.undo()
-            wrapper.zero_grad()
-            self.check.skip()
-            self.hub.update_scalar('train/nan_skipped', self.check.skipped)
+            plan.abandon(wrapper, self)
             return False
         wrapper._inner_count = count
         try:
@@ -410,9 +407,7 @@ class WrapperSentinel(object):
             self._dropping = None
         if applied:
             self.check.passed()
-            self.samples_dropped += plan.dropped
-            self.hub.update_scalar('train/samples_dropped',
-                                   self.samples_dropped)
+            plan.applied(self)
         return applied
 
     def _notify(self, event, level):
