@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 
 
@@ -53,12 +52,7 @@ def _measure(votes, warmup):
 
         return call, remove
 
-    voted, unvote = guarded(False)
-    timings = {}
-    for name, call in (('vote', ranks.before_backward),
-                       ('barrier', dist.barrier),
-                       ('all_reduce', all_reduce),
-                       ('all_reduce, guarded (voted)', voted)):
+    def timed(call):
         for _ in range(warmup):
             call()
         seconds = []
@@ -67,22 +61,20 @@ def _measure(votes, warmup):
             call()
             seconds.append(time.perf_counter() - start)
         seconds.sort()
-        timings[name] = dict(median_us=statistics.median(seconds) * 1e6,
-                             p90_us=seconds[int(0.9 * len(seconds))] * 1e6)
+        return dict(median_us=statistics.median(seconds) * 1e6,
+                    p90_us=seconds[int(0.9 * len(seconds))] * 1e6)
+
+    voted, unvote = guarded(False)
+    timings = {}
+    for name, call in (('vote', ranks.before_backward),
+                       ('barrier', dist.barrier),
+                       ('all_reduce', all_reduce),
+                       ('all_reduce, guarded (voted)', voted)):
+        timings[name] = timed(call)
     unvote()
     exempt, unexempt = guarded(True)
-    for _ in range(warmup):
-        exempt()
-    seconds = []
-    for _ in range(votes):
-        start = time.perf_counter()
-        exempt()
-        seconds.append(time.perf_counter() - start)
+    timings['all_reduce, guarded (exempt)'] = timed(exempt)
     unexempt()
-    seconds.sort()
-    timings['all_reduce, guarded (exempt)'] = dict(
-        median_us=statistics.median(seconds) * 1e6,
-        p90_us=seconds[int(0.9 * len(seconds))] * 1e6)
     if dist.get_rank() == 0:
         print(json.dumps(dict(ranks=dist.get_world_size(), votes=votes,
                               **timings)))
@@ -101,13 +93,11 @@ def main():
         return
     import subprocess
 
-    from mmnanhook.testing.ddp import free_port, launcher
+    from mmnanhook.testing.ddp import launch_command
     env = dict(os.environ, OMP_NUM_THREADS='1')
-    subprocess.run([sys.executable] + launcher() + [
-        '--nproc_per_node', str(args.ranks), '--master_addr', '127.0.0.1',
-        '--master_port', str(free_port()), os.path.abspath(__file__),
-        '--worker', '--votes', str(args.votes), '--warmup',
-        str(args.warmup)], env=env, check=True)
+    subprocess.run(launch_command([
+        os.path.abspath(__file__), '--worker', '--votes', str(args.votes),
+        '--warmup', str(args.warmup)], args.ranks), env=env, check=True)
 
 
 if __name__ == '__main__':

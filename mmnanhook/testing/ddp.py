@@ -330,18 +330,31 @@ SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop,
              'syncbn_drop': _syncbn('drop'), 'nodes': _nodes}
 
 
-def free_port():
-    """A TCP port free on 127.0.0.1 now, for a launcher's master."""
+def _free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
         return s.getsockname()[1]
 
 
-def launcher():
-    """``python`` arguments that start torch's launcher (torch 1.7 too)."""
+def launch_command(args, nproc=1, port=None, node=None):
+    """The command that starts ``args`` (``-m MODULE ...``, or a script and
+    its arguments) in ``nproc`` ranks with torch's launcher (torch 1.7's
+    too), its master on 127.0.0.1.
+
+    Args:
+        port (int, optional): The master's port; a free one by default.
+        node (tuple, optional): ``(nnodes, node_rank)``: this launcher is
+            one node of a multi-node job.
+    """
     if importlib.util.find_spec('torch.distributed.run') is not None:
-        return ['-m', 'torch.distributed.run']
-    return ['-m', 'torch.distributed.launch', '--use_env']  # torch < 1.9
+        launcher = ['-m', 'torch.distributed.run']
+    else:  # torch < 1.9
+        launcher = ['-m', 'torch.distributed.launch', '--use_env']
+    nodes = ['--nnodes', str(node[0]), '--node_rank', str(node[1])] \
+        if node is not None else []
+    return [sys.executable] + launcher + nodes + [
+        '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
+        '--master_port', str(port or _free_port())] + list(args)
 
 
 def _launch(commands, timeout):
@@ -406,10 +419,8 @@ def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp',
     Returns:
         tuple[list[dict], str]: Each rank's result and the launcher's log.
     """
-    log = _launch([[sys.executable] + launcher() + [
-        '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
-        '--master_port', str(free_port()), '-m', module, scenario,
-        str(out_dir)]], timeout)
+    log = _launch([launch_command(['-m', module, scenario, str(out_dir)],
+                                  nproc)], timeout)
     return _results(out_dir, nproc), log
 
 
@@ -425,10 +436,8 @@ def run_scenarios(scenarios, out_dir, nproc=2,
     """
     for scenario in scenarios:
         os.makedirs(osp.join(str(out_dir), scenario), exist_ok=True)
-    log = _launch([[sys.executable] + launcher() + [
-        '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
-        '--master_port', str(free_port()), '-m', module,
-        ','.join(scenarios), str(out_dir)]], timeout)
+    log = _launch([launch_command(
+        ['-m', module, ','.join(scenarios), str(out_dir)], nproc)], timeout)
     return dict((scenario, _results(osp.join(str(out_dir), scenario), nproc))
                 for scenario in scenarios), log
 
@@ -438,12 +447,10 @@ def run_nodes(scenario, out_dir, nnodes=2, module='mmnanhook.testing.ddp',
     """Run ``scenario`` as ``nnodes`` nodes of one rank each: a launcher per
     node (``--nnodes``, ``--node_rank``) on 127.0.0.1, as a multi-node job
     starts. Returns and fails as :func:`run_ranks`."""
-    port = str(free_port())
-    log = _launch([[sys.executable] + launcher() + [
-        '--nnodes', str(nnodes), '--node_rank', str(node),
-        '--nproc_per_node', '1', '--master_addr', '127.0.0.1',
-        '--master_port', port, '-m', module, scenario, str(out_dir)]
-        for node in range(nnodes)], timeout)
+    port = _free_port()
+    log = _launch([launch_command(['-m', module, scenario, str(out_dir)],
+                                  port=port, node=(nnodes, node))
+                   for node in range(nnodes)], timeout)
     return _results(out_dir, nnodes), log
 
 
