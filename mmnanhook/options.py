@@ -2,10 +2,13 @@
 
 ``NanDetectHook`` and the ``NanDetect*OptimWrapper`` classes take their
 options from here, so a bad value fails at build time with the same message
-naming the option, whichever way it was configured.
+naming the option, whichever way it was configured. Each option's default is
+written once, as its dataclass field's.
 """
+import dataclasses
 import math
 import os
+from typing import Optional, Union
 
 POLICIES = ('raise', 'skip', 'warn', 'rewind', 'drop')
 SPIKE_POLICIES = (None, 'warn', 'skip', 'rewind', 'raise')
@@ -99,6 +102,19 @@ def spike_factors(value):
     return factors
 
 
+def _take(cls, kwargs):
+    """``cls`` built from the entries of ``kwargs`` that name its fields
+    (popped)."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    return cls(**dict((n, kwargs.pop(n)) for n in names if n in kwargs))
+
+
+def _set(obj, name, value):
+    # Normalized in __post_init__ of a frozen dataclass.
+    object.__setattr__(obj, name, value)
+
+
+@dataclasses.dataclass(frozen=True)
 class CheckOptions(object):
     """The options of the per-step check (tier 1), validated.
 
@@ -117,56 +133,41 @@ class CheckOptions(object):
         spike_warmup (int): Iterations seen before any is judged.
         spike_factor (float | dict): How many times the band's median a
             spike is at least: one number for both series, or a dict with
-            ``'loss'`` and / or ``'grad_norm'``.
+            ``'loss'`` and / or ``'grad_norm'`` (kept as that dict).
 
     Raises:
         ValueError: Naming the first bad option.
     """
 
-    __slots__ = ('policy', 'max_skips', 'min_loss_scale', 'max_overflow_skips',
-                 'spike_policy', 'spike_window', 'spike_warmup',
-                 'spike_factor')
+    policy: str = 'raise'
+    max_skips: int = 10
+    min_loss_scale: Optional[float] = 1.0
+    max_overflow_skips: Optional[int] = 20
+    spike_policy: Optional[str] = 'warn'
+    spike_window: int = 50
+    spike_warmup: int = 20
+    spike_factor: Union[None, float, dict] = None
 
-    def __init__(self, policy='raise', max_skips=10, min_loss_scale=1.0,
-                 max_overflow_skips=20, spike_policy='warn', spike_window=50,
-                 spike_warmup=20, spike_factor=None):
-        check_choice('policy', policy, POLICIES)
-        check_count('max_skips', max_skips, 0)
-        check_number('min_loss_scale', min_loss_scale, allow_none=True)
-        check_count('max_overflow_skips', max_overflow_skips, 0,
+    def __post_init__(self):
+        check_choice('policy', self.policy, POLICIES)
+        check_count('max_skips', self.max_skips, 0)
+        check_number('min_loss_scale', self.min_loss_scale, allow_none=True)
+        check_count('max_overflow_skips', self.max_overflow_skips, 0,
                     allow_none=True)
-        check_choice('spike_policy', spike_policy, SPIKE_POLICIES)
-        check_count('spike_window', spike_window, 2)
-        check_count('spike_warmup', spike_warmup, 1)
-        if spike_warmup > spike_window:
+        check_choice('spike_policy', self.spike_policy, SPIKE_POLICIES)
+        check_count('spike_window', self.spike_window, 2)
+        check_count('spike_warmup', self.spike_warmup, 1)
+        if self.spike_warmup > self.spike_window:
             raise ValueError('spike_warmup must be <= spike_window, got %r > '
-                             '%r' % (spike_warmup, spike_window))
-        spike_factor = spike_factors(spike_factor)
-        self.policy = policy
-        self.max_skips = max_skips
-        self.min_loss_scale = min_loss_scale
-        self.max_overflow_skips = max_overflow_skips
-        self.spike_policy = spike_policy
-        self.spike_window = spike_window
-        self.spike_warmup = spike_warmup
-        self.spike_factor = spike_factor
+                             '%r' % (self.spike_warmup, self.spike_window))
+        _set(self, 'spike_factor', spike_factors(self.spike_factor))
 
-    @property
-    def skips(self):
-        """Whether a trigger or a spike may leave its step unapplied (so
-        what its forward wrote must be undone)."""
-        return bool(set(('skip', 'rewind', 'drop')) &
-                    set((self.policy, self.spike_policy)))
-
-    @property
-    def rewinds(self):
-        """Whether a trigger or a spike may go back to a snapshot."""
-        return 'rewind' in (self.policy, self.spike_policy)
+    take = classmethod(_take)
 
     def needs_hook(self):
         """Why only ``NanDetectHook`` can apply these options, or ``None``:
         what a self-checking optim wrapper refuses at build time."""
-        if self.rewinds:
+        if 'rewind' in (self.policy, self.spike_policy):
             return ("policy/spike_policy 'rewind' needs NanDetectHook, which "
                     'keeps the snapshots to go back to; configure the hook')
         if self.policy == 'drop':
@@ -178,11 +179,8 @@ class CheckOptions(object):
                     "the optim wrapper policy='skip'")
         return None
 
-    def __repr__(self):
-        return 'CheckOptions(%s)' % ', '.join(
-            '%s=%r' % (k, getattr(self, k)) for k in self.__slots__)
 
-
+@dataclasses.dataclass(frozen=True)
 class RewindOptions(object):
     """The options of ``policy='rewind'``, validated.
 
@@ -202,36 +200,37 @@ class RewindOptions(object):
         ValueError: Naming the first bad option.
     """
 
-    __slots__ = ('snapshot_interval', 'snapshot_device', 'max_snapshots',
-                 'lr_factor', 'cooldown', 'max_rewinds')
+    snapshot_interval: int = 50
+    snapshot_device: str = 'cpu'
+    max_snapshots: int = 2
+    lr_factor: float = 0.1
+    cooldown: int = 100
+    max_rewinds: int = 3
 
-    def __init__(self, snapshot_interval=50, snapshot_device='cpu',
-                 max_snapshots=2, lr_factor=0.1, cooldown=100, max_rewinds=3):
-        check_count('snapshot_interval', snapshot_interval, 1)
-        if not isinstance(snapshot_device, str):
+    def __post_init__(self):
+        check_count('snapshot_interval', self.snapshot_interval, 1)
+        if not isinstance(self.snapshot_device, str):
             raise ValueError('snapshot_device must be a device name such as '
-                             "'cpu' or 'cuda', got %r" % (snapshot_device, ))
+                             "'cpu' or 'cuda', got %r" %
+                             (self.snapshot_device, ))
         try:
             import torch
-            torch.device(snapshot_device)
+            torch.device(self.snapshot_device)
         except (RuntimeError, TypeError) as error:
             raise ValueError('snapshot_device %r is not a device: %s' %
-                             (snapshot_device, error))
-        check_count('max_snapshots', max_snapshots, 1)
-        check_number('lr_factor', lr_factor)
-        if not 0 < lr_factor <= 1:
+                             (self.snapshot_device, error))
+        check_count('max_snapshots', self.max_snapshots, 1)
+        check_number('lr_factor', self.lr_factor)
+        if not 0 < self.lr_factor <= 1:
             raise ValueError('lr_factor must be in (0, 1], got %r' %
-                             (lr_factor, ))
-        check_count('cooldown', cooldown, 0)
-        check_count('max_rewinds', max_rewinds, 1)
-        self.snapshot_interval = snapshot_interval
-        self.snapshot_device = snapshot_device
-        self.max_snapshots = max_snapshots
-        self.lr_factor = lr_factor
-        self.cooldown = cooldown
-        self.max_rewinds = max_rewinds
+                             (self.lr_factor, ))
+        check_count('cooldown', self.cooldown, 0)
+        check_count('max_rewinds', self.max_rewinds, 1)
+
+    take = classmethod(_take)
 
 
+@dataclasses.dataclass(frozen=True)
 class QuarantineOptions(object):
     """The options of the quarantine, validated.
 
@@ -248,20 +247,75 @@ class QuarantineOptions(object):
             :class:`~mmnanhook.quarantine.QuarantineError`).
     """
 
-    __slots__ = ('reviewed', 'path', 'skips')
+    quarantine: Optional[str] = None
+    quarantine_file: Optional[str] = None
+    quarantine_skips: bool = False
 
-    def __init__(self, quarantine=None, quarantine_file=None,
-                 quarantine_skips=False):
-        check_path('quarantine', quarantine)
-        check_path('quarantine_file', quarantine_file)
-        check_bool('quarantine_skips', quarantine_skips)
-        if quarantine is not None:
+    def __post_init__(self):
+        check_path('quarantine', self.quarantine)
+        check_path('quarantine_file', self.quarantine_file)
+        check_bool('quarantine_skips', self.quarantine_skips)
+        if self.quarantine is not None:
             from .quarantine import read_quarantine
-            read_quarantine(quarantine)
-        self.reviewed = quarantine
-        self.path = quarantine_file
-        self.skips = quarantine_skips
+            read_quarantine(self.quarantine)
+
+    take = classmethod(_take)
 
     def used_by(self, policy):
         """Whether a run under ``policy`` keeps a quarantine."""
-        return policy == 'drop' or self.skips or self.reviewed is not None
+        return policy == 'drop' or self.quarantine_skips or \
+            self.quarantine is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class HookOptions(object):
+    """Every option of ``NanDetectHook`` (see its docstring), validated.
+
+    Args:
+        anomaly (str | int): When anomaly mode is on (:func:`check_anomaly`).
+        dump_dir (str, optional): Where bundles are written.
+        max_dumps (int): Bundles kept per rank; 0 writes none.
+        replay (bool): Whether a trigger is replayed to diagnose it.
+        history (int): Iterations of history kept for a bundle.
+        dump_optimizer (bool): Whether bundles hold the optimizer state.
+        check (CheckOptions): Tier 1's.
+        rewind (RewindOptions): ``'rewind'``'s.
+        quarantine (QuarantineOptions): The quarantine's.
+    """
+
+    anomaly: Union[str, int] = 'on_trigger'
+    dump_dir: Optional[str] = None
+    max_dumps: int = 5
+    replay: bool = True
+    history: int = 200
+    dump_optimizer: bool = True
+    check: CheckOptions = dataclasses.field(default_factory=CheckOptions)
+    rewind: RewindOptions = dataclasses.field(default_factory=RewindOptions)
+    quarantine: QuarantineOptions = dataclasses.field(
+        default_factory=QuarantineOptions)
+
+    def __post_init__(self):
+        check_anomaly(self.anomaly)
+        check_path('dump_dir', self.dump_dir)
+        check_count('max_dumps', self.max_dumps, 0)
+        check_bool('replay', self.replay)
+        check_count('history', self.history, 0)
+        check_bool('dump_optimizer', self.dump_optimizer)
+
+    @classmethod
+    def build(cls, **kwargs):
+        """The options from a hook config's keyword arguments.
+
+        Raises:
+            TypeError: For an option no part knows, naming it.
+            ValueError: For a bad value, naming its option.
+        """
+        parts = dict(check=CheckOptions.take(kwargs),
+                     rewind=RewindOptions.take(kwargs),
+                     quarantine=QuarantineOptions.take(kwargs))
+        own = [f.name for f in dataclasses.fields(cls) if f.name not in parts]
+        unknown = sorted(set(kwargs) - set(own))
+        if unknown:
+            raise TypeError('NanDetectHook got unknown option(s): %s' %
+                            ', '.join(unknown))
+        return cls(**dict(kwargs, **parts))

@@ -1,11 +1,16 @@
 """Typed records of what mmnanhook saw: one class per fact.
 
+One module (over 500 lines) because it is one contract: every record a room
+hands another, and ``report.json``'s schema, which reads them all back.
+
 Tier 1 builds a :class:`NonFiniteEvent` per trigger; tier 2 replays
 (:class:`ReplayResult`), checks the batch (:class:`SampleFinding` with its
 :class:`DataProblem` s), replays each fix (:class:`Fix`) and writes a
-:class:`Report`, which the bundle renders as ``report.json``. Enum members are ``str`` subclasses, so they compare equal to, and
-serialize as, their value (``Trigger.LOSS == 'loss'``).
+:class:`Report`, which the bundle renders as ``report.json``. Enum members
+are ``str`` subclasses, so they compare equal to, and serialize as, their
+value (``Trigger.LOSS == 'loss'``).
 """
+import copy
 import enum
 import math
 
@@ -63,6 +68,9 @@ class NonFiniteEvent(object):
         shared (bool): Every rank of a distributed run has this event, in
             the same step (the update step's check, a forward vote): the
             ranks then exchange their findings and act alike.
+        bad_grad_iter (int, optional): The micro-step whose gradients alone
+            are not finite, once a replay of each has found it (a
+            gradient-only fault under accumulation; :meth:`at_micro_step`).
     """
 
     def __init__(self, trigger, message, iter=None, epoch=None, rank=0,
@@ -70,7 +78,7 @@ class NonFiniteEvent(object):
                  nonfinite_losses=None, bad_loss_iters=None, grad_norm=None,
                  nonfinite_grads=None, nonfinite_grad_count=0,
                  loss_scale=None, exception=None, forward_traceback=None,
-                 spikes=None, shared=False):
+                 spikes=None, shared=False, bad_grad_iter=None):
         if trigger not in TRIGGERS:
             raise ValueError('unknown trigger %r; one of %s' %
                              (trigger, ', '.join(TRIGGERS)))
@@ -92,9 +100,14 @@ class NonFiniteEvent(object):
         self.forward_traceback = forward_traceback
         self.spikes = list(spikes or [])
         self.shared = bool(shared)
-        # The micro-step whose gradients alone are not finite, once a replay
-        # of each has found it (a gradient-only fault under accumulation).
-        self.bad_grad_iter = None
+        self.bad_grad_iter = bad_grad_iter
+
+    def at_micro_step(self, iter):
+        """This event with its micro-step found: a copy whose
+        ``bad_grad_iter`` is ``iter``."""
+        located = copy.copy(self)
+        located.bad_grad_iter = iter
+        return located
 
     @property
     def fail_iter(self):

@@ -24,7 +24,7 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
 from ._diagnose import diagnose
 from ._divergence import (apply_divergence, divergence_evidence,
                           evidence_before)
-from ._incident import default_dump_dir, handle_incident
+from ._incident import Incident, default_dump_dir, handle_incident
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
 from ._pipeline import TrainPipeline, train_pipeline
@@ -36,6 +36,7 @@ __all__ = [
     'communicating_modules', 'divergence_evidence', 'declared_size',
     'evidence_before',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'handle_incident',
+    'Incident',
     'largest_param', 'local_replays', 'locate_micro_step', 'split_batch',
     'TrainPipeline', 'train_pipeline'
 ]

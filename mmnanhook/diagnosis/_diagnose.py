@@ -173,7 +173,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
         retry (bool): Replay a finite replay once more (not for a finite
             spike, which no replay turns non-finite).
         drop_refused (str, optional): Why ``policy='drop'`` only skips in
-            the run (:func:`~mmnanhook.sentinel.drop_unavailable`): the
+            the run (:func:`~mmnanhook.recovery.drop_unavailable`): the
             fixes then do not advise it.
         composed (callable, optional): ``(findings, data_batch)``: traces
             composed samples' findings to their parts

@@ -15,7 +15,7 @@ import torch
 from .._batch import batch_size, replace_samples, split_batch
 from .._format import format_value
 from ..records import Fix, FixKind, ProblemCategory
-from ..sentinel import samples_to_drop
+from ..recovery import samples_to_drop
 from ._data import check_batch
 from ._pipeline import FILTER_MIN_WH, image_too_large, with_declared_size
 
@@ -233,9 +233,7 @@ def _drop_fix(report, session, refused):
         return None
     n = batch_size(session.data_batch)
     text = 'leave out sample(s) {}'.format(_names(report.samples))
-    dropped, _ = samples_to_drop(
-        dict(kind=report.kind.value, samples=[dict(index=i)
-                                              for i in indices]), n)
+    dropped, _ = samples_to_drop(report, n)
     if dropped == indices and refused:
         text += ": `NanDetectHook(policy='drop')` would only skip the step " \
             'here ({})'.format(refused)

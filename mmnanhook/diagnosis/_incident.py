@@ -2,11 +2,14 @@
 its bundle.  Runs inside the update step, before the policy acts, so the
 parameters and optimizer state are still those before the failing step."""
 import contextlib
+import dataclasses
 import functools
 import json
 import logging
 import os.path as osp
 import time
+
+from typing import Any, List, Optional
 
 import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
@@ -18,15 +21,32 @@ from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       sample_image_name, sample_info_name, to_strict_json,
                       write_bundle)
 from ..records import Report, Trigger
+from ..recovery import drop_unavailable, raised_by_nonfinite, rank_finding
 from ..report import (cross_rank, finalize, format_report, render_html,
                       sample_pictures)
-from ..sentinel import (drop_unavailable, members, raised_by_nonfinite,
-                        rank_finding, restore_rng)
+from ..sentinel import members, restore_rng
 from ._data import angle_range_from_config, annotations, declared_sizes
 from ._composed import trace_parts
 from ._diagnose import diagnose
 from ._pipeline import image_too_large, train_pipeline
 from ._divergence import apply_divergence, weight_evidence
+
+
+@dataclasses.dataclass(frozen=True)
+class Incident(object):
+    """What the diagnosis of a trigger left.
+
+    Args:
+        bundle (str, optional): The bundle written (``None``: none).
+        report (Report): The diagnosis.
+        pictures (list): The samples' pictures (``SamplePicture``).
+        seconds (float): What it took.
+    """
+
+    bundle: Optional[str]
+    report: Report
+    pictures: List[Any]
+    seconds: float
 
 
 def _amp_dtype(optim_wrapper):
@@ -116,8 +136,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             culprit rank and sample, on every rank.
 
     Returns:
-        dict: ``bundle`` (path or None), ``summary``, ``report``, and
-        ``seconds`` spent.
+        Incident: The bundle, the report, the pictures, the time.
     """
     start = time.time()
     model = unwrap_model(runner.model)
@@ -169,7 +188,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             event.rank, report if replay else None, data_batch,
             event.fail_iter, raises=event.trigger == Trigger.EXCEPTION
             and event.rank in event.bad_ranks and not raised_by_nonfinite(
-                report.kind, report.forward))),
+                report))),
             event.rank)
     text = format_report(report)
     log(text, level)
@@ -180,10 +199,10 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                    RNG: rng_state}
         if dump_optimizer:
             tensors[OPTIMIZER] = optim_state
-        if event.iter is None:
-            event.iter = runner.iter
         manifest = render_manifest(event, runner.epoch, amp_dtype, found,
                                    divergence)
+        if manifest['iter'] is None:
+            manifest['iter'] = runner.iter
         blobs, manifest['sources'] = _sample_files(report, infos)
         manifest['rewind'] = rewind
         blobs.update((p.name, p.png()) for p in pictures)
@@ -196,9 +215,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             blobs=blobs,
             render=functools.partial(_render_html, report, manifest,
                                      pictures))
-    # What the error carries is report.json's content.
-    return dict(bundle=path, summary=report.summary, report=report.to_dict(),
-                pictures=pictures, seconds=time.time() - start)
+    return Incident(path, report, pictures, time.time() - start)
 
 
 def _pictures(model, data_batch, report, found):

@@ -16,8 +16,9 @@ from ._state import PreservedModelState, preserved_rng
 
 
 def locate_micro_step(event, model, steps):
-    """Set ``event.bad_grad_iter`` for a gradient-only trigger of several
-    micro-steps; return ``event.fail_iter``.
+    """``event`` with the micro-step of a gradient-only trigger of several
+    micro-steps found (:meth:`~mmnanhook.records.NonFiniteEvent.
+    at_micro_step`); ``event`` itself otherwise.
 
     Args:
         event (NonFiniteEvent): The trigger.
@@ -29,7 +30,7 @@ def locate_micro_step(event, model, steps):
     """
     if (event.trigger != Trigger.GRAD or event.bad_loss_iters
             or len(steps) < 2):
-        return event.fail_iter
+        return event
     with preserved_rng(), torch.enable_grad(), \
             PreservedModelState(model) as state:
         for iter, batch, rng in steps:
@@ -37,6 +38,5 @@ def locate_micro_step(event, model, steps):
                                    functools.partial(restore_rng, rng),
                                    state, None).run()
             if replay.nonfinite_grad_count:
-                event.bad_grad_iter = iter
-                break
-    return event.fail_iter
+                return event.at_micro_step(iter)
+    return event

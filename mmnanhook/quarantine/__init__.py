@@ -12,11 +12,12 @@
 """
 from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
                     read_quarantine, write_quarantine)
+from ._inflight import call_with
 from ._list import Quarantine, start_quarantine
 from ._sampler import QuarantineSampler, install_sampler
 
 __all__ = [
-    'FILE_NAME', 'FORMAT', 'Quarantine', 'QuarantineError',
+    'call_with', 'FILE_NAME', 'FORMAT', 'Quarantine', 'QuarantineError',
     'QuarantineSampler', 'QuarantinedSample', 'install_sampler',
     'read_quarantine', 'start_quarantine', 'write_quarantine'
 ]

@@ -1,17 +1,16 @@
 """The pictures of a diagnosis and its report card, to the MMEngine
 visualizer: they land in every backend the config set up (TensorBoard, W&B,
 local files)."""
-from ..records import Report
 from ._pictures import report_card
 
 
-def to_visualizer(visualizer, result, step, logger):
+def to_visualizer(visualizer, report, pictures, step, logger):
     """Send a diagnosis' pictures and report card to ``visualizer``.
 
     Args:
         visualizer (Visualizer, optional): The runner's; nothing without.
-        result (dict): What the incident returned (``report``,
-            ``pictures``).
+        report (Report): The diagnosis.
+        pictures (list[SamplePicture]): Its samples' pictures.
         step (int): The trigger's iteration.
         logger (logging.Logger): Where a failure is said (it never costs
             the policy).
@@ -19,8 +18,8 @@ def to_visualizer(visualizer, result, step, logger):
     if visualizer is None:
         return
     try:
-        card = report_card(Report.from_dict(result['report']), step)
-        for picture in list(result.get('pictures') or []) + [card]:
+        card = report_card(report, step)
+        for picture in list(pictures) + [card]:
             # No '/': LocalVisBackend writes '<name>_<step>.png' into one
             # directory and silently drops a name with a subdirectory.
             name = 'mmnanhook_' + (picture.view if picture.index < 0 else

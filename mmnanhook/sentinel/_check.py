@@ -3,7 +3,7 @@
 Framework-free (torch, and mmengine's process-group helpers, which work
 without a Runner): :class:`StepCheck` sees the losses of the micro-steps, the
 gradients and an optional AMP loss scale, and says whether the step may be
-applied. The MMEngine adapter (:mod:`._wrapper`) feeds it from an
+applied. The MMEngine adapter (:mod:`._sentinel`) feeds it from an
 ``OptimWrapper``; tests can feed it from plain torch.
 
 The decision is taken once per update step, after backward: DDP has then
@@ -19,8 +19,8 @@ import torch
 from mmengine.dist import all_reduce, get_dist_info
 
 from .._format import MAX_NAMES, format_names, format_value
-from ..errors import NonFiniteError
-from ..records import NonFiniteEvent, Trigger, verified_fix
+from ..records import NonFiniteEvent, Trigger
+from ..recovery import Policy
 from ._norms import GradNorms
 from ._spikes import SpikeDetector
 
@@ -134,8 +134,9 @@ class StepCheck(object):
     """Checks every update step of one optimizer before it is applied.
 
     Every loss given to :meth:`record` (without a sync) is checked at the
-    next :meth:`check`, together with the gradient norm; :meth:`resolve`
-    applies the policy to a trigger.
+    next :meth:`check`, together with the gradient norm; what a trigger
+    leads to is :class:`~mmnanhook.recovery.Policy`'s to decide, and
+    :meth:`skip` / :meth:`passed` count how it went.
 
     Under AMP (a ``scale`` given to :meth:`check`) non-finite gradients are
     ordinary overflows that the scaler skips; the triggers are a non-finite
@@ -148,6 +149,7 @@ class StepCheck(object):
 
     def __init__(self, options):
         self.options = options
+        self.policy = Policy(options)
         self.spikes = None if options.spike_policy is None else \
             SpikeDetector(options.spike_window, options.spike_warmup,
                           options.spike_factor)
@@ -229,7 +231,7 @@ class StepCheck(object):
             if self.spikes is not None:
                 outcome.spikes = self.spikes.observe(context.iter, mean_loss,
                                                      grad_norm)
-            if outcome.spikes and self.options.spike_policy != 'warn':
+            if outcome.spikes and self.policy.spike_triggers():
                 outcome.event = _spike_event(outcome.spikes, context, micro,
                                              grad_norm, loss_scale, rank,
                                              world_size)
@@ -259,78 +261,14 @@ class StepCheck(object):
         return trigger
 
     def passed(self):
-        """Note a clean update step (it ends a run of skips)."""
+        """Note a clean (or applied) update step: it ends a run of skips."""
         self.consecutive_skips = 0
-
-    def resolve(self, event, answer=None):
-        """Apply the policy to a trigger.
-
-        Args:
-            event (NonFiniteEvent): The trigger.
-            answer (dict, optional): The listener's answer (``bundle``,
-                ``summary``, ``report``), added to the error message.
-
-        Returns:
-            bool: Whether to apply the step (``'warn'``); ``False`` for a
-            skipped one (``'skip'``, and ``'rewind'``, whose going back the
-            listener has done), and for one ``'drop'`` recomputes (the
-            answer's ``drop``: a :class:`DropPlan`).
-
-        Raises:
-            NonFiniteError: Under ``'raise'``; when ``'skip'`` has already
-                skipped ``max_skips`` consecutive steps; when the answer
-                says to escalate (``'escalate'``: why).
-        """
-        opts = self.options
-        spike = event.trigger == Trigger.SPIKE
-        policy = opts.spike_policy if spike else opts.policy
-        answer = answer or {}
-        message = event.message
-        extra = answer_text(answer)
-        if extra:
-            message += '\n' + extra
-        escalate = answer.get('escalate')
-        if (not escalate and policy in ('skip', 'rewind', 'drop')
-                and self.consecutive_skips >= opts.max_skips):
-            escalate = ("policy %r already skipped %d consecutive update "
-                        'steps (max_skips=%d)' %
-                        (policy, self.consecutive_skips, opts.max_skips))
-        if escalate:
-            message += '\n' + escalate
-        if policy == 'raise' or escalate:
-            raise NonFiniteError(
-                message, event.trigger.value, iter=event.iter,
-                rank=event.rank, bad_ranks=event.bad_ranks,
-                bundle=answer.get('bundle'), report=answer.get('report'))
-        if policy == 'drop' and answer.get('drop') is not None:
-            # Recomputed without the offending samples: counted by how the
-            # recomputed step ends (applied, or skipped after all).
-            return False
-        if policy in ('skip', 'rewind', 'drop'):
-            self.skip(spike)
-            return False
-        self.consecutive_skips = 0
-        return True
 
     def skip(self, spike=False):
         """Count an update step that is not applied."""
         if not spike:
             self.skipped += 1
         self.consecutive_skips += 1
-
-
-def answer_text(answer):
-    """What a listener's answer adds to an error message."""
-    lines = []
-    if answer.get('summary'):
-        lines.append(answer['summary'])
-    fix = verified_fix((answer.get('report') or {}).get('fixes'))
-    if fix is not None:
-        # The one line a user acts on: proven on the failing iteration.
-        lines.append('verified fix: %s' % fix['fix'])
-    if answer.get('bundle'):
-        lines.append('bundle: %s' % answer['bundle'])
-    return '\n'.join(lines)
 
 
 def _sync(norms, scale, losses):

@@ -17,8 +17,9 @@ each rank's own diagnosis found. :class:`Ranks` carries both:
 * :meth:`Ranks.exchange`, once per trigger every rank saw, after the ranks
   that triggered replayed their batch alone: each rank's
   :class:`~mmnanhook.records.RankFinding` gathered on every rank, from which
-  each takes the same decision (:func:`drop_decision`), names the culprit in
-  its bundle and quarantines the union.
+  each takes the same decision
+  (:func:`~mmnanhook.recovery.drop_decision`), names the culprit in its
+  bundle and quarantines the union.
 
 Votes and exchanges travel in a gloo group of their own (under NCCL too, so
 that a vote is a host round trip, not a device sync; never paired with a
@@ -33,10 +34,9 @@ import torch
 import torch.distributed as dist
 from mmengine.dist import all_gather_object, get_dist_info
 
-from .._batch import batch_size
 from ..errors import PeerForwardFailed
-from ..records import NONFINITE_DATA, RankFinding
-from ._drop import samples_to_drop
+from ..records import RankFinding
+from ..recovery import drop_decision
 
 # torch.distributed functions that wait on other ranks.
 COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor',
@@ -47,13 +47,16 @@ COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor',
                'all_reduce_coalesced')
 # The ranks wait this long in an exchange for the ranks that diagnose.
 _TIMEOUT = datetime.timedelta(hours=2)
+# mmnanhook itself, by the name it was imported under.
+_PACKAGE = __name__.split('.')[0] + '.'
 # Callers whose collectives need no vote: mmnanhook's own (the votes, the
-# check, the exchange), and those inside batch norms that share their
+# check, the exchange; but the test beds of its testing package, which stand
+# for a user's model), and those inside batch norms that share their
 # statistics (before the loss: a forward that raises among them is beyond
 # any vote).
-_EXEMPT = ('mmnanhook.sentinel', 'mmnanhook.diagnosis', 'mmnanhook.hook',
-           'mmnanhook.quarantine', 'torch.nn.modules._functions',
+_EXEMPT = (_PACKAGE, 'torch.nn.modules._functions',
            'torch.nn.modules.batchnorm', 'mmcv.ops.sync_bn')
+_NOT_EXEMPT = _PACKAGE + 'testing'
 
 
 class Ranks(object):
@@ -184,7 +187,8 @@ class ForwardGuard(object):
 
     def communicates(self, modules):
         """What communicates in the model's train step, for
-        :func:`drop_decision`: ``modules`` (``(name, module)``) and the
+        :func:`~mmnanhook.recovery.drop_decision`: ``modules`` (``(name,
+        module)``) and the
         collectives the train steps called."""
         found = ['%s (%s)' % (n, type(m).__name__) for n, m in modules]
         if self.seen:
@@ -209,7 +213,8 @@ class ForwardGuard(object):
         while frame is not None:
             name = frame.f_globals.get('__name__', '')
             if not name.startswith(('torch.distributed', 'mmengine.dist')):
-                return name.startswith(self.exempt)
+                return name.startswith(self.exempt) and \
+                    not name.startswith(_NOT_EXEMPT)
             frame = frame.f_back
         return False
 
@@ -256,132 +261,11 @@ class Exchange(object):
         return self.findings
 
 
-def received(finding, findings):
-    """Whether ``finding``'s rank only received the failure: its own batch
-    replays finite alone while samples of another rank fail (through SyncBN
-    statistics, or its forward raised on them)."""
-    return finding.reproduced is False and any(
-        f.culprit for f in findings if f.rank != finding.rank)
-
-
-def data_culprits(event, findings):
-    """Whether every rank's findings put the failure on data, and the
-    findings of the samples that made it, on all ranks.
-
-    A forward that raised must have raised on every rank it raised on
-    because of data (a rank that only received it aside).
-
-    Returns:
-        tuple: ``(data, samples)``; ``samples`` as ``report.json`` writes
-        them, each with its ``rank``.
-    """
-    culprits = [f for f in findings if f.kind == 'data']
-    data = bool(culprits) and all(
-        f.kind == 'data' or received(f, findings) for f in findings
-        if f.rank in event.bad_ranks)
-    return data, [dict(s.to_dict(), rank=f.rank) for f in culprits
-                  for s in f.samples]
-
-
-class DropDecision(object):
-    """What ``'drop'`` does on every rank, the same on all.
-
-    Args:
-        culprits (list[RankFinding]): The ranks that leave samples out,
-            each with its ``drop`` and ``iter``.
-        world_size (int): The ranks.
-        reason (str, optional): Why every rank skips instead.
-    """
-
-    def __init__(self, culprits=(), world_size=1, reason=None):
-        self.culprits = dict((f.rank, f) for f in culprits)
-        self.world_size = world_size
-        self.reason = reason
-
-    def indices(self, rank):
-        """Batch positions ``rank`` leaves out (of its batch at
-        :meth:`iter`)."""
-        finding = self.culprits.get(rank)
-        return list(finding.drop) if finding is not None else []
-
-    def iter(self, rank, default):
-        """The iteration whose batch ``rank`` leaves samples out of."""
-        finding = self.culprits.get(rank)
-        return finding.iter if finding is not None else default
-
-    def empty(self, rank):
-        """Whether ``rank`` leaves its whole batch out: it takes part with
-        a zero loss that touches every parameter."""
-        finding = self.culprits.get(rank)
-        return finding is not None and len(finding.drop) >= (
-            finding.batch_size or 0)
-
-    def factor(self, iter):
-        """What the losses of iteration ``iter`` are multiplied by on the
-        ranks that have samples in it, so that DDP's mean over the ranks is
-        the mean over those: ``world_size / (world_size - empty ranks)``."""
-        empty = sum(1 for rank, f in self.culprits.items()
-                    if f.iter == iter and self.empty(rank))
-        return float(self.world_size) / (self.world_size - empty)
-
-    @property
-    def dropped(self):
-        """Samples left out on all ranks together."""
-        return sum(len(f.drop) for f in self.culprits.values())
-
-    @property
-    def found(self):
-        """The findings of every sample left out, on all ranks (what the
-        quarantine lists), as ``report.json`` writes them."""
-        return [dict(s.to_dict(), rank=f.rank)
-                for f in self.culprits.values() for s in f.samples
-                if s.index in f.drop]
-
-
-def drop_decision(findings, world_size, communicates, can_zero=True):
-    """The one drop every rank takes, from every rank's finding.
-
-    Args:
-        findings (list[RankFinding]): Every rank's.
-        world_size (int): The ranks.
-        communicates (list[str]): Modules that communicate in their forward
-            (SyncBN): a rank without samples could not take part in their
-            collectives.
-        can_zero (bool): Whether a rank without samples can take part in
-            the gradient all-reduce with a zero loss (a DDP model).
-
-    Returns:
-        DropDecision: With ``reason`` set when every rank skips.
-    """
-    culprits = [f for f in findings if f.culprit]
-    if not culprits:
-        return DropDecision(reason='no rank\'s samples fail on their own')
-    for finding in culprits:
-        if finding.drop is None:
-            return DropDecision(reason='rank %d: %s' % (
-                finding.rank, finding.reason))
-    decision = DropDecision(culprits, world_size)
-    empty = [f.rank for f in culprits if decision.empty(f.rank)]
-    if not empty:
-        return decision
-    if communicates or not can_zero:
-        why = ('%d module(s) communicate in their forward (%s)' % (
-            len(communicates), communicates[0]) if communicates else
-            'the model is not wrapped in DistributedDataParallel')
-        return DropDecision(reason=(
-            'every sample of rank(s) %s fails, and %s: a rank without '
-            'samples cannot take part in the step' % (
-                ', '.join(map(str, empty)), why)))
-    if len(empty) >= world_size:
-        return DropDecision(reason='every sample of every rank fails')
-    return decision
-
-
 def plan_drop(dropper, event, steps, undo, findings, ranks, communicates,
               can_zero, logger):
     """This rank's part of the drop every rank takes
-    (:func:`drop_decision`), once every rank could prepare its own (else
-    every rank skips).
+    (:func:`~mmnanhook.recovery.drop_decision`), once every rank could
+    prepare its own (else every rank skips).
 
     Args:
         dropper (Dropper): Prepares this rank's part.
@@ -413,28 +297,3 @@ def plan_drop(dropper, event, steps, undo, findings, ranks, communicates,
                        'its part of the step: every rank skips it')
         return None
     return mine
-
-
-def rank_finding(rank, report=None, data_batch=None, iter=None,
-                 raises=False):
-    """This rank's :class:`~mmnanhook.records.RankFinding` of a trigger.
-
-    Args:
-        rank (int): This rank.
-        report (Report, optional): Its diagnosis; ``None`` when it did not
-            diagnose.
-        data_batch (optional): The batch it replayed.
-        iter (int, optional): That batch's iteration.
-        raises (bool): Its forward raised an exception no policy handles.
-    """
-    if report is None or report.kind is None:
-        return RankFinding(rank, iter=iter, raises=raises)
-    n = batch_size(data_batch) if data_batch is not None else None
-    drop, reason = samples_to_drop(
-        dict(kind=report.kind.value,
-             samples=[s.to_dict() for s in report.samples]), n, whole=True)
-    nonfinite = any(s.categories.intersection(NONFINITE_DATA)
-                    for s in report.batch_problems)
-    return RankFinding(
-        rank, report.kind.value, report.samples, iter, n, drop, reason,
-        nonfinite, report.kind not in ('not_reproduced', ), raises)

@@ -18,15 +18,12 @@ import logging
 import torch
 
 from .._batch import batch_size, split_batch
+from .._log import log
 from .._mmengine import unwrap_model
 from .._patch import patched
 from ..errors import PeerForwardFailed
+from ..recovery import drop_unavailable, samples_to_drop
 from ._rng import restore_rng
-
-# Kinds whose implicated samples are the cause: the data itself, or a forward
-# or backward failure that some samples (not all) reproduce alone. Weights,
-# optimizer state, AMP ranges, exceptions and divergences are not about data.
-_DATA_KINDS = ('data', 'forward', 'backward')
 
 
 class DropPlan(object):
@@ -52,7 +49,7 @@ class DropPlan(object):
         empty (bool): This rank leaves its whole batch out (DDP): it takes
             part with a zero loss.
         factor (float): What the failing micro-step's loss is multiplied by
-            (:meth:`~._distributed.DropDecision.factor`).
+            (:meth:`~mmnanhook.recovery.DropDecision.factor`).
     """
 
     def __init__(self, indices, forwards, undo, iter=None, dropped=None,
@@ -75,53 +72,63 @@ class DropPlan(object):
     def abandon(self, wrapper, sentinel):
         """The recomputation raised: the step is skipped instead (what the
         forwards wrote put back, gradients zeroed, ``train/nan_skipped``)."""
-        self.undo()
-        wrapper.zero_grad()
-        sentinel.check.skip()
-        sentinel.hub.update_scalar('train/nan_skipped',
-                                   sentinel.check.skipped)
+        sentinel.skip([wrapper], undo=self.undo)
 
 
-def drop_unavailable(wrappers):
-    """Why ``'drop'`` can only do what ``'skip'`` does in this run, or
-    ``None``.
+def recompute(sentinel, wrapper, plan):
+    """Recompute the update step without ``plan.indices``; check it.
 
-    Args:
-        wrappers (int): Optim wrappers stepped (an ``OptimWrapperDict``'s
-            members).
-    """
-    if wrappers != 1:
-        return 'an OptimWrapperDict steps several optimizers'
-    return None
-
-
-def samples_to_drop(report, batch_size, whole=False):
-    """The batch positions a drop leaves out, or why none can be.
+    Same weights, optimizer state, LR and loss scale (nothing was applied);
+    every micro-step since the last update step again, from the RNG state
+    before its original forward, its loss divided for accumulation as the
+    original was. The listener put the buffers back before its diagnosis
+    replayed the step: the recompute starts from them too.
 
     Args:
-        report (dict): The trigger's ``report.json`` content.
-        batch_size (int, optional): Samples in the failing batch.
-        whole (bool): Whether the whole batch may be left out (under DDP
-            the rank then takes part with a zero loss).
+        sentinel (WrapperSentinel): The wrapper's sentinel.
+        wrapper (OptimWrapper): The wrapper stepped.
+        plan (DropPlan): The drop.
 
     Returns:
-        tuple: ``(indices, None)``, or ``(None, reason)`` when ``'drop'``
-        must do what ``'skip'`` does.
+        bool: Whether to apply the recomputed step.
     """
-    if not report:
-        return None, 'no replay diagnosed the batch (replay=False)'
-    if not batch_size or (batch_size < 2 and not whole):
-        return None, 'the batch holds a single sample'
-    kind = (report or {}).get('kind')
-    if kind not in _DATA_KINDS:
-        return None, 'the failure (kind %r) is not about samples' % (kind, )
-    indices = sorted(set(s['index'] for s in report.get('samples') or []
-                         if s.get('index') is not None))
-    if not indices:
-        return None, 'no sample of the batch fails on its own'
-    if len(indices) >= batch_size and not whole:
-        return None, 'every sample of the batch fails on its own'
-    return indices, None
+    wrapper.zero_grad()
+    sentinel.check.forget()
+    # backward() counts each micro-step again: the accumulation factor
+    # (scale_loss) and should_update() must see the original counts.
+    count = wrapper._inner_count
+    sentinel.dropping = plan
+    try:
+        for k, forward in enumerate(plan.forwards):
+            wrapper._inner_count = count - len(plan.forwards) + k
+            try:
+                loss = forward()
+            except Exception:
+                if sentinel.ranks is not None:
+                    # The other ranks wait in this backward's vote.
+                    sentinel.ranks.vote(True)
+                raise
+            sentinel.pending = (loss, sentinel.loss_terms(loss))
+            wrapper.backward(wrapper.scale_loss(loss))
+    except Exception as error:  # noqa: BLE001 - falls back to skip
+        sentinel.pending = None
+        sentinel.check.forget()
+        wrapper._inner_count = count
+        sentinel.dropping = None
+        log('mmnanhook: recomputing the update step without sample(s) %s '
+            'raised %s: %s; skipped' % (plan.indices, type(error).__name__,
+                                        error), logging.WARNING)
+        plan.abandon(wrapper, sentinel)
+        return False
+    wrapper._inner_count = count
+    try:
+        applied = sentinel.check_step(wrapper)
+    finally:
+        sentinel.dropping = None
+    if applied:
+        sentinel.check.passed()
+        plan.applied(sentinel)
+    return applied
 
 
 def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
@@ -138,7 +145,7 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
         keep_outputs (callable): Given the recomputed ``log_vars``: what
             the train step returns instead of the failing forward's.
         factor (float): The loss given to backward is multiplied by it
-            (:class:`~._distributed.DropDecision`'s ``factor``).
+            (:class:`~mmnanhook.recovery.DropDecision`'s ``factor``).
     """
     module = unwrap_model(model)
 
@@ -223,13 +230,13 @@ class Dropper(object):
 
         Args:
             event (NonFiniteEvent): The trigger.
-            report (dict, optional): Its diagnosis.
+            report (Report, optional): Its diagnosis.
             steps (list[tuple]): ``(iter, data_batch, rng_state)`` of every
                 micro-step since the last update step (``StepMemory``).
             undo (callable): Puts back what the failing forward wrote.
             decision (DropDecision, optional): Under DDP, the drop every
-                rank takes (:func:`~._distributed.drop_decision`): this
-                rank's part of it, whatever its own report.
+                rank takes (:func:`~mmnanhook.recovery.drop_decision`):
+                this rank's part of it, whatever its own report.
         """
         reason = drop_unavailable(len(self.wrappers))
         if decision is None and reason is None:
@@ -245,8 +252,8 @@ class Dropper(object):
                                              else ' on every rank'))
             return None
         if decision is None:
-            self._found = [f for f in report['samples']
-                           if f['index'] in indices]
+            self._found = [s.to_dict() for s in report.samples
+                           if s.index in indices]
             return self._plan(event, steps, undo, indices, fail)
         rank = event.rank
         self._found = decision.found

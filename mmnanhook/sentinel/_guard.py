@@ -13,7 +13,7 @@ host-only: no device sync, about 0.1 us per parameter.
 from operator import attrgetter
 
 from ..errors import CheckBypassedError
-from ._wrapper import sentinel_of
+from ._install import sentinel_of
 
 _version = attrgetter('_version')
 

@@ -1,5 +1,7 @@
 """The per-iteration training history kept for the bundle."""
 import collections
+import dataclasses
+from typing import Any, List, Optional
 
 # The scalars each history record holds, as MessageHub's ``train/<field>``.
 FIELDS = ('loss', 'grad_norm', 'lr', 'loss_scale')
@@ -9,15 +11,38 @@ def _as_float(value):
     return None if value is None else float(value)
 
 
+@dataclasses.dataclass
+class StepState(object):
+    """What one train iteration's update step came to, as the hook's run
+    learns it from the sentinel (reset before every train step).
+
+    Args:
+        loss, grad_norm, loss_scale (float, optional): What the check
+            measured, as every rank saw it.
+        spikes (list[str], optional): The series that spiked.
+        triggered (bool): A trigger (not a spike) happened in it.
+        applied (bool, optional): Whether the update step was applied.
+        event (NonFiniteEvent, optional): The trigger a drop acted on.
+    """
+
+    loss: Optional[float] = None
+    grad_norm: Optional[float] = None
+    loss_scale: Optional[float] = None
+    spikes: Optional[List[str]] = None
+    triggered: bool = False
+    applied: Optional[bool] = None
+    event: Any = None
+
+
 def step_record(scalars, step, lr_factor=None, **values):
     """One iteration's history record, as :meth:`History.append` takes it.
 
     Args:
         scalars (dict): MessageHub's ``log_scalars`` (host floats already:
             no sync).
-        step (dict): What the check of this iteration's update step
-            measured (``loss``, ``grad_norm``, ``loss_scale``: what every
-            rank saw; MessageHub's loss is this rank's) and ``spikes``.
+        step (StepState): What the check of this iteration's update step
+            measured (what every rank saw; MessageHub's loss is this
+            rank's).
         lr_factor (float, optional): The factor a rewind's cooldown lowers
             the scheduled LR by: the LR the step really used.
         **values: Override the others (``iter``, ``rewind`` among them).
@@ -27,11 +52,11 @@ def step_record(scalars, step, lr_factor=None, **values):
         buffer = scalars.get('train/' + field)
         record[field] = None if buffer is None else buffer.current()
     for field in ('loss', 'grad_norm', 'loss_scale'):
-        if step.get(field) is not None:
-            record[field] = step[field]
+        if getattr(step, field) is not None:
+            record[field] = getattr(step, field)
     if lr_factor and record['lr'] is not None:
         record['lr'] *= lr_factor
-    record['spike'] = step.get('spikes')
+    record['spike'] = step.spikes
     record.update(values)
     return record
 

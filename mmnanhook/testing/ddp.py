@@ -168,12 +168,13 @@ def _drop_run(out_dir, faults, model_type=None, policy='drop',
 
 
 def capture_replays(runner):
-    """Wrap the hook's diagnosis: whether the model's buffers (BN running
-    statistics) after it equal those before it, per diagnosis."""
+    """Wrap the diagnosis of the run's triggers: whether the model's
+    buffers (BN running statistics) after it equal those before it, per
+    diagnosis."""
     import torch
-    hook = [h for h in runner.hooks if type(h).__name__ == 'NanDetectHook'][0]
+    from mmnanhook import _run
     seen = []
-    incident = hook._incident
+    incident = _run.handle_incident
 
     def probed(*args, **kwargs):
         before = [b.detach().clone() for b in runner.model.buffers()]
@@ -183,7 +184,8 @@ def capture_replays(runner):
             seen.append(all(torch.equal(a, b) for a, b in zip(
                 before, runner.model.buffers())))
 
-    hook._incident = probed
+    # This rank's process trains this one runner.
+    _run.handle_incident = probed
     return seen
 
 

@@ -16,6 +16,7 @@ from mmengine.optim import OptimWrapper
 
 from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
                        install_nan_detect)
+from mmnanhook.recovery import Answer
 from mmnanhook.sentinel import sentinel_of
 from mmnanhook.testing.toy import (BOUND, Probe, ToyModel,
                                    TwoOptimizerModel, assert_same,
@@ -320,7 +321,7 @@ class _AnsweringHook(NanDetectHook):
 
     def on_nonfinite(self, event):
         self.events = getattr(self, 'events', []) + [event]
-        return dict(bundle='/dumps/iter_1', summary='diagnosis: data')
+        return Answer(bundle='/dumps/iter_1', summary='diagnosis: data')
 
 
 class _FailingHook(NanDetectHook):
@@ -371,7 +372,8 @@ def test_good_options_accepted():
                          min_loss_scale=None, max_overflow_skips=None,
                          dump_dir='/tmp/x', max_dumps=0, replay=False,
                          history=0, dump_optimizer=False)
-    assert hook.check_options.policy == 'skip' and hook.anomaly == 5
+    assert hook.options.check.policy == 'skip' and \
+        hook.options.anomaly == 5
 
 
 def test_bad_wrapper_option_names_itself():

@@ -1,0 +1,363 @@
+"""Tier 1 of one ``OptimWrapper``: the check, and its decision carried out.
+
+The installation (:mod:`._install`) binds five methods onto a wrapper
+instance that delegate to its :class:`WrapperSentinel`: every loss handed to
+``backward`` is recorded without a sync; at the update step the gradient
+norm is computed once, before clipping, and clipping reuses it. A trigger's
+event goes to the listener, :class:`~mmnanhook.recovery.Policy` decides with
+its answer, and the sentinel carries the decision out: apply, skip (gradients
+zeroed, parameters and optimizer state untouched), recompute without samples
+(:func:`._drop.recompute`) or raise.
+"""
+import logging
+import math
+import weakref
+
+import torch
+from mmengine.dist import get_dist_info
+from mmengine.logging import MessageHub, MMLogger
+
+from .. import compat
+from .._anomaly import capture_anomaly_warnings, is_anomaly_nan_error
+from .._log import log
+from .._mmengine import unwrap_model
+from ..records import NonFiniteEvent, Trigger
+from ..recovery import Action, Answer
+from ._check import StepCheck, StepContext
+from ._drop import recompute
+from ._norms import clip_grads_with_norm_
+from ._shards import local_grads
+
+
+class WrapperSentinel(object):
+    """Tier 1 of one ``OptimWrapper``: a :class:`StepCheck` plus MMEngine.
+
+    Args:
+        options (CheckOptions): Policy and limits.
+        listener (Listener, optional): Told about loss terms and triggers.
+        message_hub (MessageHub, optional): Where scalars are logged and the
+            iteration is read; the current instance when not given.
+    """
+
+    def __init__(self, options, listener=None, message_hub=None):
+        self.check = StepCheck(options)
+        self.policy = self.check.policy
+        # Built before the training graphs, to free what a raising backward
+        # leaves queued (see compat.BackwardDrain).
+        self.drain = compat.BackwardDrain()
+        self.listener = listener
+        self.message_hub = message_hub
+        # Set by the listener after a rewind: the LR multiplier of the steps.
+        self.lr_factor = None
+        # (loss, terms) handed from update_params to backward.
+        self.pending = None
+        self._model = None
+        # (params, total norm or None) for the _clip_grad of this step.
+        self._clip = None
+        # (weakref to the model, ids of its FSDP1-sharded parameters).
+        self._shards = None
+        # The DropPlan being recomputed (policy='drop'), while it is.
+        self.dropping = None
+        # Samples dropped so far, on every rank (train/samples_dropped).
+        self.samples_dropped = 0
+        # The ranks of a distributed run (sentinel._distributed.Ranks), set
+        # by the listener that catches a forward that raises: every backward
+        # waits for their vote.
+        self.ranks = None
+
+    @property
+    def options(self):
+        """The :class:`~mmnanhook.options.CheckOptions` in force."""
+        return self.check.options
+
+    @property
+    def hub(self):
+        # The runner's hub when the hook gave it; the wrapper's own
+        # message_hub is whichever was current when it was built.
+        return self.message_hub or MessageHub.get_current_instance()
+
+    def _context(self):
+        hub = self.hub
+        return StepContext(hub.get_info('iter'), hub.get_info('epoch'),
+                           self._name_params)
+
+    def loss_terms(self, loss):
+        """The listener's loss terms of ``loss``, or ``None``."""
+        if self.listener is None:
+            return None
+        return self.listener.loss_terms(loss)
+
+    # -- recording ---------------------------------------------------------
+
+    def optim_context(self, wrapper, prev, model):
+        # Kept (weakly) only to name parameters on the failure path.
+        self._model = weakref.ref(model)
+        return prev(model)
+
+    def update_params(self, wrapper, prev, loss, *args, **kwargs):
+        # backward() receives the loss divided for accumulation; report the
+        # loss the model returned.
+        self.pending = (loss, self.loss_terms(loss))
+        try:
+            return prev(loss, *args, **kwargs)
+        finally:
+            self.pending = None
+
+    def backward(self, wrapper, prev, loss, **kwargs):
+        if self.ranks is not None:
+            # No rank enters DDP's gradient all-reduce while another rank's
+            # forward raised: that one would never come.
+            self.ranks.before_backward()
+        pending, self.pending = self.pending, None
+        reported, terms = pending if pending is not None else (loss, None)
+        self.check.record(self.hub.get_info('iter'), reported, terms)
+        if not torch.is_anomaly_enabled():
+            try:
+                return prev(loss, **kwargs)
+            except Exception as exc:
+                self.drain()
+                self._backward_failed(wrapper, exc, None)
+                raise
+        with capture_anomaly_warnings() as anomaly:
+            try:
+                prev(loss, **kwargs)
+                failure = None
+            except Exception as exc:  # noqa: BLE001 - re-raised below
+                failure = exc
+                self.drain()
+        if failure is not None and not self._backward_failed(
+                wrapper, failure, anomaly.traceback):
+            raise failure
+
+    def _backward_failed(self, wrapper, exc, forward_tb):
+        """Report an exception raised in backward.
+
+        Returns:
+            bool: True when it was handled as an AMP overflow (not re-raised).
+        """
+        if (forward_tb is not None and _scaler(wrapper) is not None
+                and is_anomaly_nan_error(exc)):
+            # Anomaly mode stopped a scaled backward that overflowed into NaN.
+            # GradScaler would have skipped that step: make it see the
+            # overflow through a non-finite gradient, as it normally does.
+            _poison_grads(wrapper)
+            wrapper._inner_count += 1
+            log('mmnanhook: anomaly mode raised in a scaled backward (%s); '
+                'handled as an AMP overflow' % exc, logging.INFO)
+            return True
+        self.check.forget()
+        context = self._context()
+        rank, world_size = get_dist_info()
+        message = '%s raised in backward at %s: %s' % (
+            type(exc).__name__, context.where(rank, world_size), exc)
+        if forward_tb is not None:
+            compat.add_exception_note(
+                exc, 'Forward call that caused it (anomaly mode, recorded by '
+                'mmnanhook):\n' + forward_tb)
+        event = NonFiniteEvent(
+            Trigger.EXCEPTION, message, iter=context.iter,
+            epoch=context.epoch, rank=rank, world_size=world_size,
+            exception='%s: %s' % (type(exc).__name__, exc),
+            forward_traceback=forward_tb)
+        extra = self.ask(event).text()
+        if extra:
+            compat.add_exception_note(exc, extra)
+        return False
+
+    # -- the update step ---------------------------------------------------
+
+    def step(self, wrapper, prev, *args, **kwargs):
+        applied = self.check_step(wrapper)
+        if self.listener is not None:
+            self.listener.on_resolved(applied)
+        if not applied:
+            if getattr(prev, '_with_counter', False):
+                # A param scheduler's counter: a skipped step is still a call
+                # of optim_wrapper.step() to it, as an AMP overflow skip is.
+                wrapper._global_step += 1
+            return None
+        # Lowered for this step only: the schedulers never see it.
+        groups = wrapper.optimizer.param_groups if self.lr_factor else ()
+        scheduled = [group['lr'] for group in groups]
+        for group in groups:
+            group['lr'] = group['lr'] * self.lr_factor
+        try:
+            return prev(*args, **kwargs)
+        finally:
+            self._clip = None
+            for group, lr in zip(groups, scheduled):
+                group['lr'] = lr
+
+    def clip_grad(self, wrapper, prev):
+        plan, self._clip = self._clip, None
+        if plan is None:
+            return prev()
+        params, total = plan
+        if total is not None:
+            clip_grads_with_norm_(params, wrapper.clip_grad_kwargs['max_norm'],
+                                  total)
+        elif params:
+            # train/grad_norm is already logged for this step.
+            wrapper.clip_func(params, **wrapper.clip_grad_kwargs)
+        return None
+
+    def check_step(self, wrapper):
+        """Check the update step, carry out the decision; return whether to
+        apply the step."""
+        params, grads = _params_with_grads(wrapper)
+        clips = _clips_by_norm(wrapper)
+        norm_type = wrapper.clip_grad_kwargs.get('norm_type', 2.0) \
+            if clips else 2.0
+        scaler = _scaler(wrapper)
+        scale = compat.grad_scaler_scale(scaler) if scaler else None
+        grads, sharded = local_grads(params, grads, self._sharded_ids(),
+                                     norm_type)
+        outcome = self.check.check(params, grads, norm_type, clips=clips,
+                                   scale=scale, context=self._context(),
+                                   sharded=sharded)
+        # A raise below keeps this frame in the error's traceback: it must
+        # not hold the gradients (the parameters are the model's anyway).
+        del grads
+        self._tell(outcome)
+        event = outcome.event
+        if event is None:
+            self.check.passed()
+        elif self.dropping is not None:
+            # The recomputed step failed too: not applied either.
+            log('mmnanhook: the update step recomputed without sample(s) '
+                '%s is not usable either (%s): skipped' % (
+                    self.dropping.indices, event.message.split('\n')[0]),
+                logging.WARNING)
+            self.skip([wrapper], undo=self.dropping.undo)
+            return False
+        else:
+            answer = self.ask(event)
+            decision = self.policy.decide(event, answer,
+                                          self.check.consecutive_skips)
+            if decision.action is Action.RAISE:
+                # Training ends here; nothing will apply these gradients.
+                compat.release_grads(wrapper)
+                raise decision.error(event, answer)
+            if decision.action is Action.DROP:
+                return recompute(self, wrapper, answer.drop)
+            if decision.action is Action.SKIP:
+                self.skip([wrapper], spike=event.trigger == Trigger.SPIKE)
+                return False
+            self.check.passed()
+        self.hub.update_scalar('train/nan_skipped', self.check.skipped)
+        # Only the norm of a step that is applied: a skipped step's
+        # non-finite norm would stay in the windows LogProcessor smooths.
+        self.hub.update_scalar('train/grad_norm', outcome.grad_norm)
+        if wrapper.clip_grad_kwargs:
+            reuse = clips and math.isfinite(outcome.grad_norm)
+            self._clip = (params, outcome.total if reuse else None)
+        return True
+
+    def _tell(self, outcome):
+        """What every checked step logs and tells the listener."""
+        hub = self.hub
+        # A recomputation (policy='drop') has the same scale, logged already.
+        if outcome.loss_scale is not None and self.dropping is None:
+            hub.update_scalar('train/loss_scale', outcome.loss_scale)
+        if self.listener is not None:
+            self.listener.on_step(outcome)
+        if self.check.spikes is None:
+            return
+        if outcome.spikes and self.listener is not None:
+            self.listener.on_spike(outcome.spikes)
+        elif outcome.spikes:
+            for spike in outcome.spikes:
+                log('mmnanhook: %r' % spike, logging.WARNING)
+        hub.update_scalar('train/spikes', len(self.check.spikes.spikes))
+
+    def skip(self, wrappers, spike=False, undo=None):
+        """Leave the update step out: what its forwards wrote put back
+        (``undo``), gradients zeroed, counted in ``train/nan_skipped``.
+
+        Args:
+            wrappers (list[OptimWrapper]): Whose gradients are zeroed.
+            spike (bool): A spike's step: counted among the consecutive
+                skips only.
+            undo (callable, optional): Puts the buffers back.
+        """
+        self.check.skip(spike)
+        if undo is not None:
+            undo()
+        for wrapper in wrappers:
+            wrapper.zero_grad()
+        self.hub.update_scalar('train/nan_skipped', self.check.skipped)
+
+    def _sharded_ids(self):
+        """ids of the parameters FSDP1 shards in the model, or ``None``."""
+        model = self._model() if self._model is not None else None
+        if model is None:
+            return None
+        if self._shards is None or self._shards[0]() is not model:
+            # Once per model: walking its modules costs per step otherwise.
+            self._shards = (weakref.ref(model),
+                            compat.fsdp_sharded_params(model))
+        return self._shards[1]
+
+    def ask(self, event):
+        """The listener's :class:`~mmnanhook.recovery.Answer` to ``event``
+        (logged here without one); an empty answer when it fails, so that
+        the policy still applies."""
+        if self.listener is None:
+            log(event.message, self.policy.level(event))
+            return Answer()
+        try:
+            return self.listener.on_nonfinite(event) or Answer()
+        except Exception:  # noqa: BLE001 - the policy must still apply
+            log(event.message, self.policy.level(event))
+            MMLogger.get_current_instance().exception(
+                'mmnanhook: the NaN listener failed; applying the policy '
+                'anyway')
+            return Answer()
+
+    def _name_params(self, params, indices):
+        model = self._model() if self._model is not None else None
+        if model is not None:
+            model = unwrap_model(model)
+        names = {}
+        if model is not None:
+            names = {id(p): n for n, p in model.named_parameters()}
+        return [names.get(id(params[i]),
+                          'param #%d %s' % (i, tuple(params[i].shape)))
+                for i in indices]
+
+
+def _params_with_grads(wrapper):
+    """Parameters with a gradient (as ``_clip_grad`` selects them), and
+    those gradients."""
+    params, grads = [], []
+    for group in wrapper.optimizer.param_groups:
+        for p in group['params']:
+            # Reading .grad is slow on old torch: once per parameter.
+            grad = p.grad
+            if grad is not None and p.requires_grad:
+                params.append(p)
+                grads.append(grad)
+    return params, grads
+
+
+def _clips_by_norm(wrapper):
+    return (bool(wrapper.clip_grad_kwargs)
+            and getattr(wrapper, 'grad_name', None) == 'grad_norm')
+
+
+def _scaler(wrapper):
+    scaler = getattr(wrapper, 'loss_scaler', None)
+    if scaler is None or not scaler.is_enabled():
+        return None
+    return scaler
+
+
+def _poison_grads(wrapper):
+    for group in wrapper.optimizer.param_groups:
+        for p in group['params']:
+            if p.requires_grad:
+                if p.grad is None:
+                    p.grad = torch.full_like(p, float('nan'))
+                else:
+                    p.grad.detach().fill_(float('nan'))
+                return
