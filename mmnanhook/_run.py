@@ -16,13 +16,13 @@ import torch
 
 from . import compat
 from ._mmengine import is_ddp, unwrap_model
-from .diagnosis import (communicating_modules, default_dump_dir,
-                        evidence_before, handle_incident, largest_param,
-                        local_replays, locate_micro_step)
+from .diagnosis import (communicating_modules, evidence_before,
+                        handle_incident, largest_param, local_replays,
+                        locate_micro_step)
 from .errors import CheckBypassedError, NonFiniteError, PeerForwardFailed
 from .options import anomaly_wanted
 from .quarantine import call_with, start_quarantine
-from .records import Trigger
+from .records import Culprit, Trigger
 from .recovery import (Action, Answer, Policy, data_culprits, rank_finding)
 from .report import forget_nonfinite, to_visualizer
 from .sentinel import (BufferSnapshot, BypassGuard, Dropper, Exchange,
@@ -319,7 +319,7 @@ class HookRun(object):
         rank's (DDP) findings."""
         if findings is None:
             data = report is not None and report.kind == 'data'
-            samples = [s.to_dict() for s in report.samples] if data else []
+            samples = [Culprit(s) for s in report.samples] if data else []
         else:
             data, samples = data_culprits(event, findings)
         if self.policy.drops(event, data):
@@ -397,14 +397,9 @@ class HookRun(object):
             return event, None
         history = self.history.records() + [self._event_record(event)]
         incident = handle_incident(
-            runner, event, data_batch, rng_state, history,
-            dump_dir=options.dump_dir or default_dump_dir(runner),
-            max_dumps=options.max_dumps, replay=options.replay,
-            dump_optimizer=options.dump_optimizer,
-            anomaly=options.anomaly != 'never', divergence=evidence,
-            start_weight=self.start_weight, level=level,
-            rewind=options.rewind if rewind else None, replays=replays,
-            exchange=exchange)
+            runner, event, data_batch, rng_state, history, options,
+            divergence=evidence, start_weight=self.start_weight, level=level,
+            rewind=rewind, replays=replays, exchange=exchange)
         to_visualizer(getattr(runner, 'visualizer', None), incident.report,
                       incident.pictures, event.iter, self.logger)
         # What the diagnosis allocated is free now: give it back.

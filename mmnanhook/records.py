@@ -214,6 +214,25 @@ class SampleFinding(object):
                     for text in data.get('problems') or []])
 
 
+class Culprit(object):
+    """A sample that fails on its own, and the rank whose batch held it:
+    what the quarantine lists.
+
+    Args:
+        sample (SampleFinding): What was found about it.
+        rank (int, optional): Its rank under DDP; ``None``: this one.
+    """
+
+    __slots__ = ('sample', 'rank')
+
+    def __init__(self, sample, rank=None):
+        self.sample = sample
+        self.rank = rank
+
+    def __repr__(self):
+        return 'Culprit(%r, rank %s)' % (self.sample.img_path, self.rank)
+
+
 class RankFinding(object):
     """What one rank found of a trigger that every rank saw, exchanged
     between the ranks (DDP) so that each bundle names the culprit and every

@@ -101,9 +101,8 @@ def _sample_files(report, infos):
 
 
 def handle_incident(runner, event, data_batch, rng_state, history_records,
-                    dump_dir, max_dumps, replay, dump_optimizer,
-                    anomaly=True, divergence=None, start_weight=None,
-                    level=logging.ERROR, rewind=None, replays=None,
+                    options, divergence=None, start_weight=None,
+                    level=logging.ERROR, rewind=False, replays=None,
                     exchange=None):
     """Diagnose a trigger and write its bundle.
 
@@ -113,11 +112,10 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         data_batch: The raw batch of the failing iteration.
         rng_state (dict): RNG states before the failing iteration's forward.
         history_records (list[dict]): Recent per-iteration history.
-        dump_dir (str): Where bundles go.
-        max_dumps (int): Bundles kept per rank; 0 writes none.
-        replay (bool): Run the replay diagnosis.
-        dump_optimizer (bool): Put the optimizer state in the bundle.
-        anomaly (bool): Use anomaly mode in the replay.
+        options (HookOptions): Where bundles go (``dump_dir``, by default
+            :func:`default_dump_dir`), how many (``max_dumps``; 0 writes
+            none), with the optimizer state or not, whether to replay, and
+            with anomaly mode or not.
         divergence (dict, optional): Evidence of a divergence before the
             trigger (:func:`~mmnanhook.diagnosis.divergence_evidence`).
         start_weight (float, optional): The largest ``|weight|`` when
@@ -126,8 +124,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         level (int): The log level of the diagnosis: a warning for a
             trigger the policy handles, an error for one that stops
             training.
-        rewind (RewindOptions, optional): The policy goes back to a snapshot
-            and lowers the LR: the steps after it test that fix.
+        rewind (bool): The policy goes back to a snapshot and lowers the LR
+            (``options.rewind``): the steps after it test that fix.
         replays (callable, optional): Under DDP, a context manager
             (:func:`~._local.local_replays`) the replays run in, on this
             rank alone; the report says what it made local.
@@ -149,6 +147,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                  for i, info in infos.items())
     declared = declared_sizes(found)
     scope = None
+    replay, max_dumps = options.replay, options.max_dumps
     if replay:
         try:
             with (replays or contextlib.nullcontext)() as scope:
@@ -157,7 +156,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     restore_rng=functools.partial(restore_rng, rng_state),
                     amp_dtype=amp_dtype,
                     angle_range=angle_range_from_config(runner.cfg),
-                    optimizer_state=optim_state, anomaly=anomaly,
+                    optimizer_state=optim_state,
+                    anomaly=options.anomaly != 'never',
                     declared=declared, pipeline=train_pipeline(runner.cfg),
                     sources=infos, retry=event.trigger != Trigger.SPIKE,
                     drop_refused=drop_unavailable(
@@ -175,9 +175,10 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     if divergence is None:
         divergence = weight_evidence(history_records, report.largest_param,
                                      start_weight, amp=amp_dtype is not None)
-    if rewind is not None:
-        rewind = dict(lr_factor=rewind.lr_factor, cooldown=rewind.cooldown)
-    if apply_divergence(report, divergence, rewind):
+    # What the steps after a rewind test, as the manifest says it.
+    lowered = dict(lr_factor=options.rewind.lr_factor,
+                   cooldown=options.rewind.cooldown) if rewind else None
+    if apply_divergence(report, divergence, lowered):
         finalize(report)
     local = scope.describe() if scope is not None else None
     if local:
@@ -197,17 +198,18 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     if max_dumps:
         tensors = {DATA_BATCH: data_batch, MODEL: model.state_dict(),
                    RNG: rng_state}
-        if dump_optimizer:
+        if options.dump_optimizer:
             tensors[OPTIMIZER] = optim_state
         manifest = render_manifest(event, runner.epoch, amp_dtype, found,
                                    divergence)
         if manifest['iter'] is None:
             manifest['iter'] = runner.iter
         blobs, manifest['sources'] = _sample_files(report, infos)
-        manifest['rewind'] = rewind
+        manifest['rewind'] = lowered
         blobs.update((p.name, p.png()) for p in pictures)
         path = write_bundle(
-            dump_dir, bundle_name(manifest['iter'], event.rank), manifest,
+            options.dump_dir or default_dump_dir(runner),
+            bundle_name(manifest['iter'], event.rank), manifest,
             tensors, {CONFIG_FILE: _config_text(runner.cfg),
                       REPORT_TEXT: text + '\n'},
             to_strict_json(report.to_dict()), history_records,

@@ -228,11 +228,10 @@ class Quarantine(object):
         return sample
 
     def add_found(self, samples, **where):
-        """Quarantine the samples a report names (its ``samples``).
+        """Quarantine the samples a report names.
 
         Args:
-            samples (list[dict]): ``report.json`` sample findings: their
-                ``img_path`` and ``problems`` (and ``rank``, under DDP).
+            samples (list[Culprit]): The samples and their ranks.
             **where: As :meth:`add`.
 
         Returns:
@@ -241,18 +240,18 @@ class Quarantine(object):
             of the dataset's samples loads it).
         """
         added, unknown = [], []
-        for finding in samples:
-            file = finding.get('img_path')
-            reason = '; '.join(finding.get('problems') or []) or \
+        for culprit in samples:
+            file = culprit.sample.img_path
+            reason = '; '.join(p.text for p in culprit.sample.problems) or \
                 'fails on its own in the replay'
             if file in self.files:
                 continue
-            # Under DDP a finding names the rank whose batch held it.
-            sample = self.add(file, reason, **dict(
-                where, rank=finding.get('rank', where.get('rank')))) \
+            # Under DDP a culprit names the rank whose batch held it.
+            rank = where.get('rank') if culprit.rank is None else culprit.rank
+            sample = self.add(file, reason, **dict(where, rank=rank)) \
                 if file else None
             (added if sample is not None else unknown).append(
-                sample if sample is not None else finding)
+                sample if sample is not None else culprit.sample)
         return added, unknown
 
     def record(self, findings, event, source, logger):
@@ -260,7 +259,7 @@ class Quarantine(object):
         the list, and log what happened.
 
         Args:
-            findings (list[dict]): The report's sample findings.
+            findings (list[Culprit]): The samples the report names.
             event (NonFiniteEvent): The trigger.
             source (str): The policy that handled it.
             logger (logging.Logger): Where it is said.
@@ -268,7 +267,7 @@ class Quarantine(object):
         added, unknown = self.add_found(
             findings, iter=event.iter, epoch=event.epoch, rank=event.rank,
             source=source)
-        if any(f.get('img_path') is None for f in findings):
+        if any(f.sample.img_path is None for f in findings):
             # A composed sample without recorded parts: from workers that
             # started before the guard.
             self.replace_workers()
@@ -276,7 +275,7 @@ class Quarantine(object):
             logger.warning(
                 'mmnanhook: sample %s of the batch (%s) cannot be '
                 'quarantined: no index of the train dataset loads it' %
-                (finding.get('index'), finding.get('img_path')))
+                (finding.index, finding.img_path))
         if not added:
             return
         try:

@@ -8,7 +8,7 @@ them (:func:`drop_decision`): the step is recomputed without the culprits'
 samples on their ranks, or skipped on every rank, saying why.
 """
 from .._batch import batch_size
-from ..records import NONFINITE_DATA, Kind, RankFinding
+from ..records import NONFINITE_DATA, Culprit, Kind, RankFinding
 
 # Kinds whose implicated samples are the cause: the data itself, or a forward
 # or backward failure that some samples (not all) reproduce alone. Weights,
@@ -109,15 +109,13 @@ def data_culprits(event, findings):
     because of data (a rank that only received it aside).
 
     Returns:
-        tuple: ``(data, samples)``; ``samples`` as ``report.json`` writes
-        them, each with its ``rank``.
+        tuple: ``(data, culprits)``: a bool, and the :class:`Culprit` s.
     """
     culprits = [f for f in findings if f.kind == Kind.DATA]
     data = bool(culprits) and all(
         f.kind == Kind.DATA or received(f, findings) for f in findings
         if f.rank in event.bad_ranks)
-    return data, [dict(s.to_dict(), rank=f.rank) for f in culprits
-                  for s in f.samples]
+    return data, [Culprit(s, f.rank) for f in culprits for s in f.samples]
 
 
 class DropDecision(object):
@@ -168,11 +166,10 @@ class DropDecision(object):
 
     @property
     def found(self):
-        """The findings of every sample left out, on all ranks (what the
-        quarantine lists), as ``report.json`` writes them."""
-        return [dict(s.to_dict(), rank=f.rank)
-                for f in self.culprits.values() for s in f.samples
-                if s.index in f.drop]
+        """Every sample left out, on all ranks (what the quarantine lists):
+        :class:`~mmnanhook.records.Culprit` s."""
+        return [Culprit(s, f.rank) for f in self.culprits.values()
+                for s in f.samples if s.index in f.drop]
 
 
 def drop_decision(findings, world_size, communicates, can_zero=True):

@@ -22,6 +22,7 @@ from .._log import log
 from .._mmengine import unwrap_model
 from .._patch import patched
 from ..errors import PeerForwardFailed
+from ..records import Culprit
 from ..recovery import drop_unavailable, samples_to_drop
 from ._rng import restore_rng
 
@@ -252,7 +253,7 @@ class Dropper(object):
                                              else ' on every rank'))
             return None
         if decision is None:
-            self._found = [s.to_dict() for s in report.samples
+            self._found = [Culprit(s) for s in report.samples
                            if s.index in indices]
             return self._plan(event, steps, undo, indices, fail)
         rank = event.rank
@@ -361,6 +362,6 @@ class Dropper(object):
         return outputs
 
     def take_found(self):
-        """The report's findings of the samples last dropped (once)."""
+        """The :class:`~mmnanhook.records.Culprit` s last dropped (once)."""
         found, self._found = self._found, None
         return found
