@@ -9,6 +9,7 @@ rewind, drop and quarantine, does it, and answers the sentinel with a typed
 :class:`~mmnanhook.recovery.Answer`, with which the sentinel decides.
 """
 import contextlib
+import ctypes
 import functools
 import traceback
 
@@ -403,7 +404,7 @@ class HookRun(object):
         to_visualizer(getattr(runner, 'visualizer', None), incident.report,
                       incident.pictures, event.iter, self.logger)
         # What the diagnosis allocated is free now: give it back.
-        compat.trim_heap()
+        _trim_heap()
         self.logger.info('mmnanhook: diagnosis and bundle took %.2f s' %
                          incident.seconds)
         return event, incident
@@ -457,3 +458,18 @@ class HookRun(object):
         sentinel.skip(self.handle.wrappers,
                       undo=getattr(self.buffers, 'restore', None))
         return {}
+
+
+def _trim_heap():
+    """Hand the heap pages freed since to the OS (glibc ``malloc_trim``).
+
+    A diagnosis allocates several iterations' worth of activations and
+    bundle buffers and frees them all; glibc keeps freed pages in its arenas,
+    so the process's resident memory would stay at the diagnosis's peak.
+    Elsewhere (no glibc) a no-op.
+    """
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

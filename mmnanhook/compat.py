@@ -3,19 +3,12 @@
 mmnanhook supports Python 3.7+ and torch 1.7 through 2.13; code elsewhere
 calls these helpers instead of testing versions itself.
 """
-import codecs
-import ctypes
 import inspect
 import logging
 import os
-import pickle
 import sys
-import types
 import warnings
-import zipfile
-from collections import OrderedDict
 
-import numpy as np
 import torch
 
 import mmengine
@@ -27,11 +20,6 @@ LOG_CALLER = {'stacklevel': 2} if sys.version_info >= (3, 8) else {}
 
 TORCH_VERSION = digit_version(torch.__version__.split('+')[0])
 MMENGINE_VERSION = digit_version(mmengine.__version__)
-
-# mmengine >= 0.10.3: an iteration-based loop resumed at iteration k first
-# skips the k batches already trained; before, it begins again at the
-# dataloader's first batch (mmengine's behaviour, with or without mmnanhook).
-RESUME_SKIPS_TRAINED_BATCHES = MMENGINE_VERSION >= digit_version('0.10.3')
 
 # torch < 1.8: the autograd engine's C++ destructor, run by the process's
 # exit handlers, can wait forever for its worker threads after a backward
@@ -58,178 +46,11 @@ def exit_process(code):
     os._exit(code if isinstance(code, int) else 1)
 
 
-# mmengine 0.10.7 resumes with torch.load's default weights_only, which torch
-# >= 2.6 makes True, and its own checkpoints then fail to load (mmengine's
-# limit, not mmnanhook's): why a resume cannot be tested there, or None.
-RESUME_BROKEN = (
-    "mmengine 0.10.7 resumes with torch.load's default weights_only, which "
-    'torch >= 2.6 makes True and its checkpoints fail (mmengine, not '
-    'mmnanhook); the DOTA leg (torch 1.7) runs it'
-    if TORCH_VERSION >= digit_version('2.6.0') else None)
-
-# torch.load(weights_only=) exists since 1.13 and defaults to True since 2.6;
-# bundles hold data samples with numpy metainfo, so they need False.
-_LOAD_HAS_WEIGHTS_ONLY = 'weights_only' in inspect.signature(torch.load).parameters
-_LOAD_KWARGS = {'weights_only': False} if _LOAD_HAS_WEIGHTS_ONLY else {}
-
-
-class _Numpy2Unpickler(pickle.Unpickler):
-    """Finds numpy>=2's ``numpy._core`` names in numpy<2's ``numpy.core``."""
-
-    def find_class(self, module, name):
-        if module == 'numpy._core' or module.startswith('numpy._core.'):
-            module = 'numpy.core' + module[len('numpy._core'):]
-        return super(_Numpy2Unpickler, self).find_class(module, name)
-
-
-# A bundle written with numpy>=2 pickles its arrays as numpy._core objects,
-# which numpy<2 (the one torch 1.7 runs with) lacks.
-if digit_version(np.__version__) < digit_version('2.0.0'):
-    _numpy2_pickle = types.ModuleType('mmnanhook_numpy2_pickle')
-    _numpy2_pickle.__dict__.update(
-        (key, value) for key, value in vars(pickle).items()
-        if not key.startswith('__'))
-    _numpy2_pickle.Unpickler = _Numpy2Unpickler
-    _LOAD_KWARGS['pickle_module'] = _numpy2_pickle
-
-
-def torch_load(path, map_location='cpu'):
-    """Load a file written by :func:`torch.save` with full unpickling.
-
-    Args:
-        path (str): File to load.
-        map_location: Passed to :func:`torch.load`; ``'cpu'`` so that a
-            bundle written on a GPU loads on a CPU-only machine.
-    """
-    return torch.load(path, map_location=map_location, **_LOAD_KWARGS)
-
-
 # torch.load(weights_only=True) with an allowlist scoped to one load, a scan
 # for the globals a file names and aliases (numpy.core for numpy._core):
 # torch >= 2.6. Older torch has no weights_only (< 1.13), no allowlist
-# (1.13-2.3) or one without aliases (2.5) or process-wide only (2.4); there
-# mmnanhook's own restricted unpickler applies the same allowlist, and a
-# command that loads says so (:data:`ALLOWLIST_FALLBACK`).
-_WEIGHTS_ONLY_ALLOWLIST = TORCH_VERSION >= digit_version('2.6.0')
-ALLOWLIST_FALLBACK = None if _WEIGHTS_ONLY_ALLOWLIST else (
-    'torch {} has no torch.load(weights_only=True) with a scoped allowlist '
-    "(torch >= 2.6 has): mmnanhook's own restricted unpickler loads the "
-    "bundle's .pth files, with the same allowlist".format(torch.__version__))
-
-
-class ForeignObjectError(pickle.UnpicklingError):
-    """A pickle names a global that the allowlist does not hold."""
-
-
-# What torch's own unpickling may name besides torch's tensor rebuilds,
-# storage types, dtypes, Size and device: torch's weights_only allows the
-# same. Protocol 2 pickles bytes through _codecs.encode (empty ones through
-# bytes).
-_PLAIN_GLOBALS = {
-    ('collections', 'OrderedDict'): OrderedDict,
-    ('_codecs', 'encode'): codecs.encode,
-    ('builtins', 'set'): set,
-    ('builtins', 'bytes'): bytes,
-    ('builtins', 'bytearray'): bytearray,
-    ('builtins', 'complex'): complex,
-}
-
-
-def _torch_global(module, name):
-    """An object of :data:`_PLAIN_GLOBALS` or of torch's serialization."""
-    if (module, name) in _PLAIN_GLOBALS:
-        return _PLAIN_GLOBALS[module, name]
-    if module == 'torch._utils' and name in ('_rebuild_tensor_v2',
-                                             '_rebuild_parameter'):
-        return getattr(torch._utils, name)
-    if module != 'torch':
-        return None
-    obj = getattr(torch, name, None)
-    if (obj in (torch.Size, torch.device) or isinstance(obj, torch.dtype)
-            or (isinstance(obj, type) and name.endswith('Storage')
-                and obj in torch._storage_classes)):
-        return obj
-    return None
-
-
-def _restricted_pickle_module(find):
-    """A ``pickle`` module for ``torch.load`` whose unpickler resolves a
-    global only through ``find`` (or torch's own), never by an import."""
-
-    class Unpickler(pickle.Unpickler):
-
-        def find_class(self, module, name):
-            if module == '__builtin__':  # how protocol 2 names builtins
-                module = 'builtins'
-            obj = _torch_global(module, name)
-            if obj is None:
-                obj = find(module, name)
-            if obj is None:
-                raise ForeignObjectError('{}.{}'.format(module, name))
-            return obj
-
-    restricted = types.ModuleType('mmnanhook_restricted_pickle')
-    restricted.Unpickler = Unpickler
-    restricted.load = lambda file, **kwargs: Unpickler(file, **kwargs).load()
-    return restricted
-
-
-def torch_load_allowlisted(path, find, built=(), map_location='cpu'):
-    """Load a :func:`torch.save` zip file without running code from it.
-
-    Tensors, storages and plain containers load; any other global the
-    pickle names loads only as ``find`` resolves it. torch >= 2.6: torch's
-    ``weights_only=True`` with those globals allowed for this load; older
-    torch: an unpickler with the same allowlist (:data:`ALLOWLIST_FALLBACK`).
-
-    Args:
-        path (str): The file.
-        find (Callable[[str, str], object]): ``(module, name)`` -> the
-            allowed object, ``None`` for anything else; it must not import
-            what it does not allow.
-        built (Sequence[type]): Types the file may build instances of
-            without naming them (numpy's dtype classes).
-        map_location: Passed to :func:`torch.load`.
-
-    Raises:
-        ForeignObjectError: The file names a global outside the allowlist
-            (nothing of it ran).
-        Exception: Whatever torch raises for a file it cannot read.
-    """
-    # torch would hand a TorchScript archive to torch.jit.load, and read a
-    # pre-1.6 file by other code paths (a tar whose members it extracts, links
-    # included); a bundle is neither. torch tells a zip file by its first
-    # bytes, not by the directory at its end that zipfile.is_zipfile finds
-    # in a tar with a zip appended.
-    with open(path, 'rb') as f:
-        if f.read(4) != b'PK\x03\x04' or not zipfile.is_zipfile(path):
-            raise pickle.UnpicklingError('not a torch zip file')
-    with zipfile.ZipFile(path) as archive:
-        if any(n.split('/')[-1] == 'constants.pkl'
-               for n in archive.namelist()):
-            raise pickle.UnpicklingError('a TorchScript archive')
-    if not _WEIGHTS_ONLY_ALLOWLIST:
-        return torch.load(path, map_location=map_location,
-                          pickle_module=_restricted_pickle_module(find))
-    allowed = []
-    for full in torch.serialization.get_unsafe_globals_in_checkpoint(path):
-        module, _, name = full.rpartition('.')
-        obj = _torch_global(module, name)
-        if obj is None:
-            obj = find(module, name)
-        if obj is None:
-            raise ForeignObjectError(full)
-        # Under the name the file uses, which may be an alias (numpy.core).
-        allowed.append((obj, full))
-    try:
-        with torch.serialization.safe_globals(allowed + list(built)):
-            return torch.load(path, map_location=map_location,
-                              weights_only=True)
-    except pickle.UnpicklingError as error:
-        # torch wraps the reason in advice to load with weights_only=False.
-        reason = str(error).split('WeightsUnpickler error:', 1)[-1]
-        raise pickle.UnpicklingError(' '.join(
-            reason.split('Check the documentation', 1)[0].split()))
+# (1.13-2.3) or one without aliases (2.5) or process-wide only (2.4).
+WEIGHTS_ONLY_ALLOWLIST = TORCH_VERSION >= digit_version('2.6.0')
 
 
 def set_detect_anomaly(mode, check_nan=True):
@@ -434,30 +255,6 @@ def nan_to_num(tensor, nan=0.0, posinf=None, neginf=None):
         out, -big if neginf is None else neginf), out)
 
 
-def trim_heap():
-    """Hand the heap pages freed since to the OS (glibc ``malloc_trim``).
-
-    A diagnosis allocates several iterations' worth of activations and
-    bundle buffers and frees them all; glibc keeps freed pages in its arenas,
-    so the process's resident memory would stay at the diagnosis's peak.
-    Elsewhere (no glibc) a no-op.
-    """
-    try:
-        libc = ctypes.CDLL('libc.so.6')
-        libc.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def release_grads(optim_wrapper):
-    """Free the gradients of an optim wrapper's parameters (``None``).
-
-    ``set_to_none`` exists since torch 1.7 and is the default since 2.0; on
-    older defaults the zeroed gradients would stay allocated.
-    """
-    optim_wrapper.optimizer.zero_grad(set_to_none=True)
-
-
 class BackwardDrain(object):
     """Frees what a backward that raised left in autograd's ready queue.
 
@@ -544,20 +341,3 @@ def fsdp_sharded_params(model):
             if getattr(handle, '_use_orig_params', False):
                 ids.update(id(p) for p in getattr(flat, '_params', None) or [])
     return ids if found else None
-
-
-def forget_last_scalar(message_hub, key):
-    """Take the last value of ``key`` back out of ``message_hub``.
-
-    ``HistoryBuffer`` (mmengine 0.10.x) has no public way to: its two numpy
-    arrays are shortened; a buffer left empty is removed, as LogProcessor
-    cannot smooth an empty window.
-    """
-    buffer = message_hub.log_scalars.get(key)
-    if buffer is None:
-        return
-    if len(buffer._log_history) <= 1:
-        del message_hub.log_scalars[key]
-        return
-    buffer._log_history = buffer._log_history[:-1]
-    buffer._count_history = buffer._count_history[:-1]

@@ -36,6 +36,10 @@ class Trigger(_StrEnum):
 
 TRIGGERS = tuple(t.value for t in Trigger)
 
+# The scalars of one history record (as MessageHub's ``train/<field>``): what
+# tier 1 keeps per iteration and a bundle's ``history.json`` / plot show.
+HISTORY_FIELDS = ('loss', 'grad_norm', 'lr', 'loss_scale')
+
 
 class NonFiniteEvent(object):
     """What was non-finite in one update step, handed to listeners.

@@ -5,7 +5,7 @@
 * :mod:`._writer`: atomic writes, retention (``max_dumps``).
 * :mod:`._reader`: verified loading (:func:`load_bundle`).
 * :mod:`._content`: what the torch files may hold (the allowlist) and
-  whether they hold it.
+  whether they hold it; :mod:`._unpickle`: loading them under it.
 * :mod:`._plot`: ``history.png``.
 """
 from ._content import state_dict_mismatch
@@ -17,10 +17,11 @@ from ._layout import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, FORMAT_VERSION,
                       versions)
 from ._plot import plot_history
 from ._reader import Bundle, load_bundle
+from ._unpickle import ALLOWLIST_FALLBACK
 from ._writer import write_bundle
 
 __all__ = [
-    'AMP_DTYPES', 'Bundle', 'CONFIG_FILE', 'DATA_BATCH', 'FORMAT_VERSION',
+    'ALLOWLIST_FALLBACK', 'AMP_DTYPES', 'Bundle', 'CONFIG_FILE', 'DATA_BATCH', 'FORMAT_VERSION',
     'HISTORY_JSON', 'HISTORY_PNG', 'MANIFEST', 'MODEL', 'OPTIMIZER', 'REPORT',
     'REPORT_HTML', 'REPORT_TEXT', 'RNG', 'TORCH_SUFFIX', 'amp_dtype_name',
     'bundle_name', 'load_bundle', 'plot_history', 'render_manifest',

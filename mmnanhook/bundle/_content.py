@@ -2,7 +2,7 @@
 
 A bundle can come from anyone, so its ``.pth`` files load through an
 allowlist (nothing else is imported or called, see
-:func:`mmnanhook.compat.torch_load_allowlisted`), and what loaded is checked
+:func:`._unpickle.torch_load_allowlisted`), and what loaded is checked
 to be what its name says before a replay uses it.
 """
 import importlib

@@ -1,7 +1,7 @@
 """The history plot of a bundle (``history.png``)."""
 import math
 
-from ..sentinel import FIELDS
+from ..records import HISTORY_FIELDS
 
 _TITLES = {
     'loss': 'loss',
@@ -81,7 +81,7 @@ def plot_history(records, path, fail_iter=None):
     from matplotlib.figure import Figure
 
     iters = [record['iter'] for record in records]
-    fields = [field for field in FIELDS
+    fields = [field for field in HISTORY_FIELDS
               if any(record.get(field) is not None for record in records)]
     figure = Figure(figsize=(8, 2.2 * max(len(fields), 1)))
     FigureCanvasAgg(figure)

@@ -3,7 +3,7 @@ import json
 import os.path as osp
 
 from .._format import one_line as _one_line
-from ..compat import ForeignObjectError, torch_load_allowlisted
+from ._unpickle import ForeignObjectError, torch_load_allowlisted
 from ..errors import BundleError
 from ..version import __version__
 from ._content import BUILT, content_problem, find_allowed

@@ -31,11 +31,11 @@ def _log_to_stderr():
 
 
 def _replay(args):
-    from ..bundle import to_strict_json
+    from ..bundle import ALLOWLIST_FALLBACK, to_strict_json
     from ..report import format_report
     from ._replay import replay_bundle
-    if compat.ALLOWLIST_FALLBACK:
-        print('mmnan replay: warning: ' + compat.ALLOWLIST_FALLBACK,
+    if ALLOWLIST_FALLBACK:
+        print('mmnan replay: warning: ' + ALLOWLIST_FALLBACK,
               file=sys.stderr)
     bundle, report = replay_bundle(args.bundle, device=args.device,
                                    fp32=args.fp32)

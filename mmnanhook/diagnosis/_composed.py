@@ -11,7 +11,7 @@ import logging
 import numpy as np
 
 from .._log import log
-from ..quarantine._composed import PARTS, mixers, part_image
+from ..quarantine import PARTS, mixers, part_image
 from ..records import DataProblem, ProblemCategory
 
 

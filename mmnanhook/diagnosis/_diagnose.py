@@ -153,7 +153,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             (``None``: float32).
         angle_range (tuple[float, float], optional): Allowed rotated-box
             angles in radians (see
-            :func:`mmnanhook.data_checks.angle_range_from_config`).
+            :func:`mmnanhook.diagnosis.angle_range_from_config`).
         check_samples (bool): Replay each sample alone to name the ones
             that fail by themselves.
         optimizer_state (optional): Optimizer, optim wrapper or their state
@@ -165,7 +165,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             ``anomaly='never'`` turns it off).
         declared (list, optional): Per sample, the ``(width, height)`` its
             annotation declares (see
-            :func:`mmnanhook.data_checks.declared_sizes`).
+            :func:`mmnanhook.diagnosis.declared_sizes`).
         pipeline (TrainPipeline, optional): The run's train pipeline, for
             the fixes that run a sample through it again.
         sources (dict, optional): Batch position -> that sample's data info
@@ -180,9 +180,10 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             (:func:`._composed.trace_parts`).
 
     Returns:
-        dict: The report (see :func:`mmnanhook.report.new_report`), with
-        ``kind`` one of ``data``, ``forward``, ``backward``, ``params``,
-        ``optimizer_state``, ``overflow``, ``exception``, ``not_reproduced``.
+        Report: The diagnosis, its ``kind`` a
+        :class:`~mmnanhook.records.Kind` (``data``, ``forward``,
+        ``backward``, ``params``, ``optimizer_state``, ``overflow``,
+        ``exception``, ``not_reproduced``, ``divergence``).
     """
     start = time.time()
 

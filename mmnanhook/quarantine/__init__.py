@@ -12,12 +12,13 @@
 """
 from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
                     read_quarantine, write_quarantine)
+from ._composed import PARTS, mixers, part_image
 from ._inflight import call_with
 from ._list import Quarantine, start_quarantine
 from ._sampler import QuarantineSampler, install_sampler
 
 __all__ = [
-    'call_with', 'FILE_NAME', 'FORMAT', 'Quarantine', 'QuarantineError',
+    'call_with', 'FILE_NAME', 'mixers', 'part_image', 'PARTS', 'FORMAT', 'Quarantine', 'QuarantineError',
     'QuarantineSampler', 'QuarantinedSample', 'install_sampler',
     'read_quarantine', 'start_quarantine', 'write_quarantine'
 ]

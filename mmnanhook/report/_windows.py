@@ -7,8 +7,6 @@ by then. RuntimeInfoHook has turned them into host floats when the hook's
 """
 import math
 
-from .. import compat
-
 
 def forget_nonfinite(message_hub, outputs):
     """Take this iteration's values back out of the ``train/`` windows when
@@ -27,5 +25,22 @@ def forget_nonfinite(message_hub, outputs):
             math.isfinite(loss.current()):
         return False
     for key in outputs:
-        compat.forget_last_scalar(message_hub, 'train/' + key)
+        _forget_last_scalar(message_hub, 'train/' + key)
     return True
+
+
+def _forget_last_scalar(message_hub, key):
+    """Take the last value of ``key`` back out of ``message_hub``.
+
+    ``HistoryBuffer`` (mmengine 0.10.x) has no public way to: its two numpy
+    arrays are shortened; a buffer left empty is removed, as LogProcessor
+    cannot smooth an empty window.
+    """
+    buffer = message_hub.log_scalars.get(key)
+    if buffer is None:
+        return
+    if len(buffer._log_history) <= 1:
+        del message_hub.log_scalars[key]
+        return
+    buffer._log_history = buffer._log_history[:-1]
+    buffer._count_history = buffer._count_history[:-1]

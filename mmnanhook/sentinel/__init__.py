@@ -30,7 +30,7 @@ from ._distributed import (COLLECTIVES, Exchange, ForwardGuard, Ranks,
 from ._drop import DropPlan, Dropper, recompute
 from ._forward import forward_event, is_out_of_memory
 from ._guard import BypassGuard
-from ._history import FIELDS, History, StepState, step_record
+from ._history import History, StepState, step_record
 from ._install import (ATTRIBUTE, NanDetectAmpOptimWrapper, NanDetectHandle,
                        NanDetectOptimWrapper, install_nan_detect, members,
                        sentinel_of)
@@ -45,7 +45,7 @@ from ._steps import BufferSnapshot, StepMemory
 __all__ = [
     'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'capture_rng',
     'clip_grads_with_norm_', 'COLLECTIVES', 'describe_losses', 'Dropper',
-    'DropPlan', 'Exchange', 'FIELDS', 'forward_event', 'ForwardGuard',
+    'DropPlan', 'Exchange', 'forward_event', 'ForwardGuard',
     'GradNorms', 'History', 'install_nan_detect', 'is_out_of_memory',
     'Listener', 'loss_terms', 'members', 'MicroStep',
     'NanDetectAmpOptimWrapper', 'NanDetectHandle', 'NanDetectOptimWrapper',

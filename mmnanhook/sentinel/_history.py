@@ -3,8 +3,7 @@ import collections
 import dataclasses
 from typing import Any, List, Optional
 
-# The scalars each history record holds, as MessageHub's ``train/<field>``.
-FIELDS = ('loss', 'grad_norm', 'lr', 'loss_scale')
+from ..records import HISTORY_FIELDS
 
 
 def _as_float(value):
@@ -48,7 +47,7 @@ def step_record(scalars, step, lr_factor=None, **values):
         **values: Override the others (``iter``, ``rewind`` among them).
     """
     record = {}
-    for field in FIELDS:
+    for field in HISTORY_FIELDS:
         buffer = scalars.get('train/' + field)
         record[field] = None if buffer is None else buffer.current()
     for field in ('loss', 'grad_norm', 'loss_scale'):

@@ -236,7 +236,7 @@ class WrapperSentinel(object):
                                           self.check.consecutive_skips)
             if decision.action is Action.RAISE:
                 # Training ends here; nothing will apply these gradients.
-                compat.release_grads(wrapper)
+                _release_grads(wrapper)
                 raise decision.error(event, answer)
             if decision.action is Action.DROP:
                 return recompute(self, wrapper, answer.drop)
@@ -361,3 +361,12 @@ def _poison_grads(wrapper):
                 else:
                     p.grad.detach().fill_(float('nan'))
                 return
+
+
+def _release_grads(optim_wrapper):
+    """Free the gradients of an optim wrapper's parameters (``None``).
+
+    ``set_to_none`` exists since torch 1.7 and is the default since 2.0; on
+    older defaults the zeroed gradients would stay allocated.
+    """
+    optim_wrapper.optimizer.zero_grad(set_to_none=True)

@@ -9,7 +9,7 @@ import uuid
 
 from mmengine.config import Config
 
-from .. import compat
+from ..bundle import ALLOWLIST_FALLBACK
 
 # A user's project, outside every package: its modules (``replay_toys``) are
 # importable only where this directory is on the path, as a project's are.
@@ -19,7 +19,7 @@ BATCH = 2
 
 # What ``mmnan replay`` says first where torch cannot load with an allowlist.
 FALLBACK_WARNING = 'mmnan replay: warning: {}'.format(
-    compat.ALLOWLIST_FALLBACK)
+    ALLOWLIST_FALLBACK)
 
 
 def toy_config(work_dir, model, **overrides):
@@ -139,7 +139,7 @@ def assert_bad_input(result, command, expected):
     assert 'Traceback' not in result.stderr
     assert result.stdout == ''
     lines = message_lines(result.stderr)
-    if command == 'replay' and compat.ALLOWLIST_FALLBACK:
+    if command == 'replay' and ALLOWLIST_FALLBACK:
         assert lines[:1] == [FALLBACK_WARNING], result.stderr
         lines = lines[1:]
     assert len(lines) == 1, result.stderr

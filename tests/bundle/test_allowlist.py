@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mmnanhook import compat
+from mmnanhook.bundle import ALLOWLIST_FALLBACK
 from mmnanhook.bundle import load_bundle, write_bundle
 from mmnanhook.errors import BundleError
 from mmnanhook.sentinel import capture_rng
@@ -99,7 +100,7 @@ def test_a_file_that_would_run_code_is_refused_unrun(tmp_path, stem):
         'of it was run)'.format(osp.join(path, stem + '.pth')))
     assert not osp.exists(marker)
     # What loads it where torch has no allowlist, said where it applies.
-    assert (compat.ALLOWLIST_FALLBACK is None) == (
+    assert (ALLOWLIST_FALLBACK is None) == (
         compat.TORCH_VERSION >= compat.digit_version('2.6.0'))
 
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 import torch
 
-from mmnanhook import compat
+from mmnanhook.bundle import ALLOWLIST_FALLBACK
+from mmnanhook.testing import legs
 from mmnanhook.testing.bundles import (copy_bundle, hostile_config,
                                        hostile_torch_file, replace_listed_file)
 from mmnanhook.testing.cli import (FALLBACK_WARNING, PROJECT_DIR,
@@ -76,7 +77,7 @@ def test_replay_refuses_a_torch_file_that_would_run_code(toy_bundle, tmp_path,
 
 
 def _rng_of_the_wrong_size(bundle):
-    state = compat.torch_load(osp.join(bundle, 'rng.pth'))
+    state = legs.torch_load(osp.join(bundle, 'rng.pth'))
     state['torch'] = state['torch'][:10]
     return state
 
@@ -87,10 +88,10 @@ WRONG_CONTENT = {
     'rng of the wrong size': ('rng', _rng_of_the_wrong_size,
                               'not an RNG state (RuntimeError'),
     'rng with an empty numpy state': ('rng', lambda b: dict(
-        compat.torch_load(osp.join(b, 'rng.pth')), numpy=()),
+        legs.torch_load(osp.join(b, 'rng.pth')), numpy=()),
         'not an RNG state (its numpy state is not a legacy MT19937 state)'),
     'rng with cuda states that are no list': ('rng', lambda b: dict(
-        compat.torch_load(osp.join(b, 'rng.pth')), cuda=5),
+        legs.torch_load(osp.join(b, 'rng.pth')), cuda=5),
         'not an RNG state (its cuda states are not a list)'),
     'batch without inputs': ('data_batch', lambda b: {
         'data_samples': [torch.zeros(())]}, 'not a batch'),
@@ -127,7 +128,7 @@ def test_replay_says_how_it_loads_where_torch_cannot_allowlist(toy_bundle):
     result = mmnan('replay', toy_bundle)
     assert result.returncode == 0, result.stderr
     said = FALLBACK_WARNING in message_lines(result.stderr)
-    assert said == (compat.ALLOWLIST_FALLBACK is not None)
+    assert said == (ALLOWLIST_FALLBACK is not None)
     if said:
         assert "mmnanhook's own restricted unpickler" in result.stderr
 

@@ -171,7 +171,7 @@ def test_drop_redoes_bn_statistics_and_dropout_from_the_same_state(
 
 def test_drop_after_resuming_between_two_update_steps(tmp_path, monkeypatch):
     # mmengine 0.10.7 resumes with torch.load's default weights_only, True
-    # since torch 2.6 (compat.RESUME_BROKEN): torch's own switch back.
+    # since torch 2.6 (legs.RESUME_BROKEN): torch's own switch back.
     monkeypatch.setenv('TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD', '1')
     accumulate = dict(MOMENTUM, accumulative_counts=2)
     first = make_runner(

@@ -15,8 +15,9 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.optim import OptimWrapper
 
-from mmnanhook import CheckBypassedError, NonFiniteError, compat
+from mmnanhook import CheckBypassedError, NonFiniteError
 from mmnanhook.sentinel import sentinel_of
+from mmnanhook.testing import legs
 from mmnanhook.testing.toy import Probe, ToyModel, assert_same, make_runner
 
 SCHEDULE = [
@@ -233,8 +234,8 @@ def test_auto_scale_lr_is_applied_once_and_checked(tmp_path):
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
 
 
-@pytest.mark.skipif(compat.RESUME_BROKEN is not None,
-                    reason=str(compat.RESUME_BROKEN))
+@pytest.mark.skipif(legs.RESUME_BROKEN is not None,
+                    reason=str(legs.RESUME_BROKEN))
 def test_resumed_run_is_checked_and_schedules_as_without_the_hook(tmp_path):
     first = make_runner(tmp_path / 'first', param_scheduler=SCHEDULE,
                         max_iters=4,
@@ -253,7 +254,7 @@ def test_resumed_run_is_checked_and_schedules_as_without_the_hook(tmp_path):
         faults={8: 'nan_term'}, hook=dict(type='NanDetectHook'))
     assert not bad
     assert isinstance(error, NonFiniteError) and error.iter == (
-        4 if compat.RESUME_SKIPS_TRAINED_BATCHES else 6)
+        4 if legs.RESUME_SKIPS_TRAINED_BATCHES else 6)
     assert probe.lr == ref_probe.lr[:len(probe.lr)]
     assert probe.global_step == ref_probe.global_step[:len(probe.lr)]
 

@@ -23,7 +23,7 @@ import torch
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from mmnanhook import NanDetectHook, NonFiniteError, compat
+from mmnanhook import NanDetectHook, NonFiniteError
 from mmnanhook._format import format_value
 from mmnanhook.bundle import load_bundle
 from mmnanhook.cli._replay import build_model, config_from_text
@@ -31,7 +31,7 @@ from mmnanhook.diagnosis import declared_sizes, diagnose
 from mmnanhook.quarantine import read_quarantine
 from mmnanhook.report import format_report
 from mmnanhook.sentinel import restore_rng
-from mmnanhook.testing import cli, zoo
+from mmnanhook.testing import cli, legs, zoo
 
 # name -> ('data', {image index: defect}) or ('lr', the LR of the blow-up).
 FAULTS = {
@@ -115,7 +115,7 @@ def _run(name, data, work_dir, hook=None, hook_options=None, extra=None):
 
 def _checkpoint(runner):
     paths = sorted(glob.glob(osp.join(runner.work_dir, '*.pth')))
-    return compat.torch_load(paths[-1]) if paths else None
+    return legs.torch_load(paths[-1]) if paths else None
 
 
 def _assert_equal(a, b, path='state'):
@@ -529,8 +529,8 @@ def test_drop_keeps_the_good_sample_and_never_loads_the_bad_one(drop_run):
 @pytest.mark.zoo
 @pytest.mark.zoo_full
 @pytest.mark.mmdet
-@pytest.mark.skipif(compat.RESUME_BROKEN is not None,
-                    reason=str(compat.RESUME_BROKEN))
+@pytest.mark.skipif(legs.RESUME_BROKEN is not None,
+                    reason=str(legs.RESUME_BROKEN))
 def test_a_resumed_run_reads_the_quarantine_back(drop_run):
     """Full tier: a third epoch of the drop run (DOTA leg; mmengine 0.10.7
     cannot resume on torch >= 2.6); make test resumes the tiny RetinaNet's
