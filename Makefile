@@ -6,7 +6,7 @@ export OMP_NUM_THREADS ?= 1
 # The slowest tests of each leg at the end of its log: where the time goes.
 PYTEST_ARGS ?= -ra --durations=15
 
-.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota test-zoo test-zoo-modern test-zoo-dota test-all test-mmengine lint demo demo-dota
+.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota test-zoo test-zoo-modern test-zoo-dota test-all test-mmengine test-wheel lint demo demo-dota
 
 ## setup: both legs and the browser, at the same time.
 setup:
@@ -51,8 +51,8 @@ test-zoo-modern: setup-modern
 test-zoo-dota: setup-dota
 	scripts/test_leg.sh dota $(ZOO) $(PYTEST_ARGS)
 
-## test-all: make test, make test-zoo and make test-mmengine, each timed
-## (scripts/test_tiers.sh); what .ci/run runs.
+## test-all: make test, make test-zoo, make test-mmengine and make test-wheel,
+## each timed (scripts/test_tiers.sh); what .ci/run runs.
 test-all: setup lint
 	scripts/test_tiers.sh $(PYTEST_ARGS)
 
@@ -60,6 +60,13 @@ test-all: setup lint
 ## laid over both legs (scripts/test_mmengine.sh); .ci/run runs it after make test.
 test-mmengine: setup-modern setup-dota
 	scripts/test_mmengine.sh $(PYTEST_ARGS)
+
+## test-wheel: the built wheel and sdist, installed non-editable into fresh
+## venvs of both legs' pins and used from an empty directory (demo, a zoo
+## config through tools/train.py with the mmnanhook:: base, replay);
+## logs in test-logs/wheel/.
+test-wheel:
+	scripts/test_wheel.sh
 
 ## demo: the main job, on the modern leg (mmdet).
 demo: setup-modern

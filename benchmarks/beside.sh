@@ -23,6 +23,6 @@ for round in $(seq "$rounds"); do
         echo "[beside] round $round: $name"
         ( cd "$tree" && PYTHONPATH="$tree" "$here/$py" -c \
             'import mmnanhook, sys; print("[beside] mmnanhook from", mmnanhook.__file__)' &&
-          PYTHONPATH="$tree" "$here/$py" "$bench" "$@" ) 2>&1 | sed "s|^|[$name] |"
+          PYTHONPATH="$tree:$tree/tests" "$here/$py" "$bench" "$@" ) 2>&1 | sed "s|^|[$name] |"
     done
 done

@@ -1,4 +1,4 @@
-"""Tier-1 overhead on a GPU: SmallResNet (mmnanhook.testing.cuda_toy) under
+"""Tier-1 overhead on a GPU: SmallResNet (mmnan_testing.cuda_toy) under
 the real AmpOptimWrapper (fp16, dynamic loss scale), with and without
 NanDetectHook. Paired and interleaved: each repeat trains one run of each,
 alternating which goes first; per run the median iteration time after the
@@ -9,6 +9,7 @@ Usage (on a device machine, by scripts/device_check.sh)::
 
     python benchmarks/cuda_overhead.py --json overhead.json
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import json
 import statistics
@@ -21,8 +22,8 @@ def _iteration_times(hook, iters, width, work_dir):
     import torch
     from mmengine.hooks import Hook
 
-    from mmnanhook.testing.cuda_toy import SmallResNet
-    from mmnanhook.testing.toy import make_runner
+    from mmnan_testing.cuda_toy import SmallResNet
+    from mmnan_testing.toy import make_runner
 
     times = []
 

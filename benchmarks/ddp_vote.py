@@ -18,6 +18,7 @@ Usage::
     python benchmarks/ddp_vote.py                 # 2 ranks, 2000 votes
     python benchmarks/ddp_vote.py --ranks 2 --votes 200 --warmup 20
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import json
 import os
@@ -93,7 +94,7 @@ def main():
         return
     import subprocess
 
-    from mmnanhook.testing.ddp import launch_command
+    from mmnan_testing.ddp import launch_command
     env = dict(os.environ, OMP_NUM_THREADS='1')
     subprocess.run(launch_command([
         os.path.abspath(__file__), '--worker', '--votes', str(args.votes),

@@ -28,7 +28,7 @@ process also pays one-time imports (e.g. matplotlib for ``history.png``).
 
 To compare two versions of mmnanhook (e.g. before and after a change of the
 failure path), run this script with ``PYTHONPATH`` pointing at a checkout of
-the other one: the script only needs ``mmnanhook.testing``.
+the other one: the script only needs ``mmnan_testing``.
 
 Usage::
 
@@ -37,6 +37,7 @@ Usage::
     python benchmarks/diagnosis_time.py --models zoo_retinanet_r50 --policy drop
     python benchmarks/diagnosis_time.py --models zoo_retinanet_r50_size
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import datetime
 import json
@@ -116,7 +117,7 @@ def _zoo_runner(name, clean_iters, work_dir, policy='raise',
     from mmengine.hooks import Hook
     from mmengine.runner import Runner
 
-    from mmnanhook.testing import zoo
+    from mmnan_testing import zoo
     planted = defect == 'size_mismatch'
     data = zoo.make_zoo_dataset(
         name, osp.join(work_dir, 'data'), num_images=2 * (clean_iters + 1),
@@ -152,7 +153,7 @@ def _run(name, overrides, defect, clean_iters, warmup, work_dir,
     report and the bundle's size in bytes."""
     from mmengine.runner import Runner
 
-    from mmnanhook.testing import testbed
+    from mmnan_testing import testbed
     if name.startswith('zoo:'):
         return _measure(_zoo_runner(name[4:], clean_iters, work_dir, policy,
                                     defect),

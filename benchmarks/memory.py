@@ -1,7 +1,7 @@
 """Memory around a trigger: does everything the diagnosis allocated go back?
 
 mmdet's RetinaNet R50 config as shipped (320 px, see
-:mod:`mmnanhook.testing.zoo`) trains on a synthetic COCO dataset; before
+:mod:`mmnan_testing.zoo`) trains on a synthetic COCO dataset; before
 iteration ``--fault-iter`` a hook turns one GT box of that batch into a
 zero-width box, which the zoo's box coder turns into ``log(0)``.
 ``NanDetectHook`` (policy ``raise``) diagnoses and writes the bundle; the
@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/memory.py --threads 1
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import datetime
 import gc
@@ -53,8 +54,8 @@ def main(argv=None):
     from mmengine.runner import Runner
 
     from mmnanhook import NonFiniteError
-    from mmnanhook.testing import zoo
-    from mmnanhook.testing.soak import rss_bytes, trimmed_rss_bytes
+    from mmnan_testing import zoo
+    from mmnan_testing.soak import rss_bytes, trimmed_rss_bytes
 
     work = args.work_dir or tempfile.mkdtemp(prefix='mmnan_memory_')
     data = zoo.make_zoo_dataset('retinanet_r50', work + '/data',

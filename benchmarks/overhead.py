@@ -2,7 +2,7 @@
 
 Models: the tiny test-bed detectors, and mmdet's own RetinaNet R50 config as
 shipped in the installed package (its LinearLR + MultiStepLR schedule, its
-pipeline and sampler, at 320 px; see :mod:`mmnanhook.testing.zoo`). Each variant
+pipeline and sampler, at 320 px; see :mod:`mmnan_testing.zoo`). Each variant
 trains its own real Runner on the same config, data and seed; the runners run in threads that take turns, one train iteration at a
 time, in a random order drawn afresh every round, so iteration k of every
 variant runs under the same machine conditions. Only one runner computes at a
@@ -21,6 +21,7 @@ Usage::
     python benchmarks/overhead.py --threads 1           # every model available
     python benchmarks/overhead.py --iters 3 --repeats 1 --warmup 1  # smoke
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import datetime
 import os
@@ -58,7 +59,7 @@ def _tiny(config, overrides=None):
     """A tiny test-bed detector config, for ``iters`` iterations."""
 
     def build(work_dir, data_dir, iters):
-        from mmnanhook.testing import testbed
+        from mmnan_testing import testbed
         data = testbed.make_dataset(config, data_dir, num_images=16)
         extra = getattr(testbed, overrides) if overrides else {}
         # At the configs' lr the tiny detectors diverge after a few dozen
@@ -77,7 +78,7 @@ def _zoo(name):
     """A config shipped in the model zoo, with enough epochs for ``iters``."""
 
     def build(work_dir, data_dir, iters):
-        from mmnanhook.testing import zoo
+        from mmnan_testing import zoo
         data = zoo.make_zoo_dataset(name, data_dir, num_images=16)
         per_epoch = 16 // 2
         cfg = zoo.child_config(name, data, work_dir,

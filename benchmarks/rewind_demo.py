@@ -11,6 +11,7 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/rewind_demo.py --plot docs/rewind_zoo_r50.png
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import math
 import os.path as osp
@@ -21,7 +22,7 @@ import tempfile
 def _train(work, data, lr, iters, hook_options):
     from mmengine.runner import Runner
 
-    from mmnanhook.testing import zoo
+    from mmnan_testing import zoo
     extra = ('optim_wrapper = dict(optimizer=dict(lr=%r))\n'
              'param_scheduler = []\n'
              'train_cfg = dict(type="IterBasedTrainLoop", max_iters=%d, '
@@ -62,7 +63,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     from mmnanhook import NanDetectHook
     from mmnanhook.bundle import plot_history
-    from mmnanhook.testing import zoo
+    from mmnan_testing import zoo
 
     work = args.work_dir or tempfile.mkdtemp(prefix='mmnan_rewind_')
     data = zoo.make_zoo_dataset('retinanet_r50', osp.join(work, 'data'),

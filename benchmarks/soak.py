@@ -3,7 +3,7 @@
 A tiny RetinaNet (VOC-style data) trains ``--iters`` iterations; a random
 ``--bad-fraction`` of the batches are bad, half a zero-width GT box (data
 fault), half a NaN gradient born in backward (see
-:mod:`mmnanhook.testing.soak`). Prints whether every bad step was skipped,
+:mod:`mmnan_testing.soak`). Prints whether every bad step was skipped,
 whether ``train/nan_skipped`` equals their count, whether the weights
 stayed finite, how many bundles stayed on disk, and the slope of the
 resident memory over the last ``--tail`` iterations (least squares).
@@ -13,6 +13,7 @@ Usage::
     python benchmarks/soak.py                 # 500 iterations
     python benchmarks/soak.py --iters 50 --tail 40
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import datetime
 import sys
@@ -37,7 +38,7 @@ def main(argv=None):
             not 0 < args.bad_fraction < 1:
         parser.error('need --iters >= 2, 0 < --tail <= --iters and '
                      '0 < --bad-fraction < 1')
-    from mmnanhook.testing.soak import run_soak
+    from mmnan_testing.soak import run_soak
     start = time.time()
     result = run_soak(args.work_dir or tempfile.mkdtemp(prefix='mmnan_soak_'),
                       iters=args.iters, bad_fraction=args.bad_fraction,

@@ -1,5 +1,5 @@
 # The tiny RetinaNet on a custom VOC-style XML dataset, as written by
-# mmnanhook.testing.synthetic.make_voc_dataset. Like many custom configs, it sets no
+# mmnanhook.demo.synthetic.make_voc_dataset. Like many custom configs, it sets no
 # filter_cfg.bbox_min_size, so XMLDataset keeps zero-size boxes (mmdet's
 # stock VOC config sets it; CocoDataset drops boxes under 1 px on loading).
 _base_ = ['./tiny_retinanet.py']

@@ -1,5 +1,5 @@
 # Tiny rotated RetinaNet for mmrotate 1.x on DOTA-format data, as written by
-# mmnanhook.testing.synthetic.make_dota_dataset (64x64 images). The stock
+# mmnanhook.demo.synthetic.make_dota_dataset (64x64 images). The stock
 # rotated-retinanet-rbox-le90_r50_fpn_1x_dota model at tiny width: training
 # assigns anchors with RBboxOverlaps2D, i.e. compiled mmcv box_iou_rotated,
 # and encodes targets with the rotated delta coder. No pretrained weights.

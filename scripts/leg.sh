@@ -15,7 +15,10 @@ leg_config() {
         # mmseg imports ftfy and regex unconditionally (its tokenizer). mmpretrain
         # cannot be installed in either leg (see tests/conftest.py).
         extra_pins=(mmdet==3.3.0 mmsegmentation==1.2.2 ftfy==6.3.1 regex==2026.11.19)
-        test_pins=(pytest tensorboard==2.21.0)
+        # setuptools < 82 keeps pkg_resources, which mmengine 0.10.7 needs for
+        # every `package::` config (tests/test_docs.py loads the README's);
+        # torch 2.13 asks for >= 77.0.3. docs/configuration.md tells users so.
+        test_pins=(pytest tensorboard==2.21.0 setuptools==80.10.2)
         requires=mmdet,mmseg
         ;;
     dota)
@@ -49,4 +52,17 @@ missing_leg() {
     echo "[$1] SKIPPED: $2: the DOTA leg (torch 1.7, mmrotate) does NOT run here"
     echo "################################################################################"
     exit 0
+}
+
+# find_python MAJOR.MINOR: a Python of that version (pyenv, else PATH).
+find_python() {
+    local v=$1 p
+    if command -v pyenv >/dev/null 2>&1; then
+        for p in $(pyenv versions --bare 2>/dev/null | grep -E "^$v(\.[0-9]+)?$" | sort -V -r); do
+            if [ -x "$(pyenv prefix "$p")/bin/python" ]; then
+                echo "$(pyenv prefix "$p")/bin/python"; return 0
+            fi
+        done
+    fi
+    command -v "python$v" 2>/dev/null || return 1
 }

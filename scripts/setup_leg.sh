@@ -7,18 +7,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 leg=${1:?usage: setup_leg.sh modern|dota}
 
-find_python() {  # find_python MAJOR.MINOR
-    local v=$1 p
-    if command -v pyenv >/dev/null 2>&1; then
-        for p in $(pyenv versions --bare 2>/dev/null | grep -E "^$v(\.[0-9]+)?$" | sort -V -r); do
-            if [ -x "$(pyenv prefix "$p")/bin/python" ]; then
-                echo "$(pyenv prefix "$p")/bin/python"; return 0
-            fi
-        done
-    fi
-    command -v "python$v" 2>/dev/null || return 1
-}
-
 # shellcheck source=scripts/leg.sh
 . scripts/leg.sh
 leg_config "$leg"

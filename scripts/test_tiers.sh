@@ -5,6 +5,7 @@
 #   everyday  make test's suite: both legs, -m "not zoo_full"
 #   zoo       the full zoo tier: both legs, -m zoo_full (its own logs)
 #   mmengine  the core subset on older mmengine releases (test_mmengine.sh)
+#   wheel     the built wheel in fresh venvs of both legs (test_wheel.sh)
 #   scripts/test_tiers.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,7 @@ start=$(date +%s)
 tier everyday env MMNANHOOK_TEST_LOGS="$logs" scripts/test_all.sh -m 'not zoo_full' "$@"
 tier zoo env MMNANHOOK_TEST_LOGS="$logs/zoo" scripts/test_all.sh -m zoo_full "$@"
 tier mmengine env MMNANHOOK_TEST_LOGS="$logs" scripts/test_mmengine.sh "$@"
+tier wheel env MMNANHOOK_TEST_LOGS="$logs" scripts/test_wheel.sh
 echo
 printf '%s\n' "${summary[@]}"
 echo "[tiers] all tiers in $(( $(date +%s) - start )) s: $([ "$status" -eq 0 ] && echo passed || echo FAILED)"

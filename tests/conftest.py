@@ -5,6 +5,14 @@ import traceback
 import pytest
 import torch
 
+# The test support package (tests/mmnan_testing) is on pytest's path because
+# this file's directory is; processes the tests start (DDP ranks, the CLI,
+# exit checks) find it through PYTHONPATH, as a user's project would be found.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+os.environ['PYTHONPATH'] = os.pathsep.join(
+    [_TESTS] + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep)
+                if p and p != _TESTS])
+
 # Two torch threads on the 2 shared cores of CI stall tiny-detector iterations
 # for seconds; one thread is ~5x faster and steady.
 torch.set_num_threads(1)

@@ -3,7 +3,7 @@ import numpy as np
 import torch
 
 from mmnanhook import compat
-from mmnanhook.testing import legs
+from mmnan_testing import legs
 
 
 def test_exception_note_keeps_type_and_message():

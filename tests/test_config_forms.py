@@ -18,8 +18,8 @@ import sys
 import mmengine
 import pytest
 
-from mmnanhook.testing.cli import PROJECT_DIR
-from mmnanhook.testing.testbed import config_dir
+from mmnan_testing.cli import PROJECT_DIR
+from mmnan_testing.testbed import config_dir
 
 # The toy project (replay_toys on PYTHONPATH) and a loss that is NaN at the
 # first iteration.

@@ -1,7 +1,7 @@
 # mmnanhook as a `_base_` file, merge-safe next to any zoo config:
 #
 #     _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py',
-#               'path/to/mmnanhook/configs/_base_/nan_detect.py']
+#               'mmnanhook::_base_/nan_detect.py']
 #
 # MMEngine refuses a key that two `_base_` files both define, and the zoo
 # configs define every key that registers hooks (`default_hooks`,

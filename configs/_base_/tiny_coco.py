@@ -1,5 +1,5 @@
 # A synthetic COCO-format dataset as written by
-# mmnanhook.testing.synthetic.make_coco_dataset (64x64 images, classes cat and dog).
+# mmnanhook.demo.synthetic.make_coco_dataset (64x64 images, classes cat and dog).
 # Point it elsewhere with train_dataloader.dataset.data_root=...
 _base_ = ['./tiny_runtime.py']
 

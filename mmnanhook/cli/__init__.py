@@ -3,7 +3,7 @@
 * :mod:`._main`: the argument parser and the exit codes.
 * :mod:`._replay`: offline replay of a bundle.
 * :mod:`._scan`: the pre-flight scan of a config's dataset.
-* :mod:`._demo`: the demo runs.
+* ``demo``: :mod:`mmnanhook.demo`.
 """
 from ._main import build_parser, main, run
 

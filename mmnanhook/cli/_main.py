@@ -134,8 +134,19 @@ def _scan(args):
 
 
 def _demo(args):
-    from ._demo import run_demo
+    from ..demo import run_demo
     return run_demo(dota=args.dota, work_dir=args.work_dir)
+
+
+def _version():
+    """``mmnan --version``: ours and what it runs on, for bug reports."""
+    import mmengine
+    import torch
+
+    from ..version import __version__
+    return 'mmnanhook {} (python {}, torch {}, mmengine {})'.format(
+        __version__, sys.version.split()[0], torch.__version__,
+        mmengine.__version__)
 
 
 def build_parser():
@@ -143,6 +154,7 @@ def build_parser():
         prog='mmnan',
         description='mmnanhook: find where NaN/Inf came from in MMEngine '
         'training (mmdet / mmrotate).')
+    parser.add_argument('--version', action='version', version=_version())
     sub = parser.add_subparsers(dest='command', metavar='COMMAND')
 
     p = sub.add_parser(

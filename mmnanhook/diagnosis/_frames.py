@@ -30,9 +30,6 @@ _NO_TRACE_DIRS = _SKIP_DIRS + tuple(
     os.path.normcase(os.path.dirname(os.path.abspath(m.__file__))) + os.sep
     for m in (np, mmengine))
 
-# Except the test fixtures: their planted faults stand for user code.
-_FIXTURE_DIR = os.path.join(_SKIP_DIRS[1], 'testing') + os.sep
-
 _FRAME_RE = re.compile(
     r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>[^\n]*)'
     r'(?:\n[ \t]+(?P<code>[^\n]*))?')
@@ -50,13 +47,12 @@ def is_user_file(path):
         path (str): A source file path as a traceback shows it.
     """
     path = _normpath(path)
-    return path.startswith(_FIXTURE_DIR) or not path.startswith(_SKIP_DIRS)
+    return not path.startswith(_SKIP_DIRS)
 
 
 def _is_traced_file(path):
     path = _normpath(path)
-    return path.startswith(_FIXTURE_DIR) or not path.startswith(
-        _NO_TRACE_DIRS)
+    return not path.startswith(_NO_TRACE_DIRS)
 
 
 def parse_frames(text):

@@ -50,13 +50,11 @@ _TIMEOUT = datetime.timedelta(hours=2)
 # mmnanhook itself, by the name it was imported under.
 _PACKAGE = __name__.split('.')[0] + '.'
 # Callers whose collectives need no vote: mmnanhook's own (the votes, the
-# check, the exchange; but the test beds of its testing package, which stand
-# for a user's model), and those inside batch norms that share their
+# check, the exchange), and those inside batch norms that share their
 # statistics (before the loss: a forward that raises among them is beyond
 # any vote).
 _EXEMPT = (_PACKAGE, 'torch.nn.modules._functions',
            'torch.nn.modules.batchnorm', 'mmcv.ops.sync_bn')
-_NOT_EXEMPT = _PACKAGE + 'testing'
 
 
 class Ranks(object):
@@ -213,8 +211,7 @@ class ForwardGuard(object):
         while frame is not None:
             name = frame.f_globals.get('__name__', '')
             if not name.startswith(('torch.distributed', 'mmengine.dist')):
-                return name.startswith(self.exempt) and \
-                    not name.startswith(_NOT_EXEMPT)
+                return name.startswith(self.exempt)
             frame = frame.f_back
         return False
 

@@ -13,8 +13,8 @@ from mmnanhook.bundle import ALLOWLIST_FALLBACK
 from mmnanhook.bundle import load_bundle, write_bundle
 from mmnanhook.errors import BundleError
 from mmnanhook.sentinel import capture_rng
-from mmnanhook.testing import testbed, zoo
-from mmnanhook.testing.bundles import hostile_torch_file, replace_listed_file
+from mmnan_testing import testbed, zoo
+from mmnan_testing.bundles import hostile_torch_file, replace_listed_file
 
 
 def _first_batch(cfg):

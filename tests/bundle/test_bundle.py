@@ -20,7 +20,7 @@ from mmnanhook.bundle import (FORMAT_VERSION, bundle_name, load_bundle,
                               to_strict_json, versions, write_bundle)
 from mmnanhook.compat import TORCH_VERSION
 from mmnanhook.errors import BundleError
-from mmnanhook.testing.bundles import CORRUPTIONS
+from mmnan_testing.bundles import CORRUPTIONS
 from mmnanhook.bundle import plot_history
 from mmnanhook.sentinel import History
 from mmnanhook.sentinel import capture_rng, restore_rng

@@ -26,11 +26,11 @@ from mmnanhook import compat
 from mmnanhook.bundle import load_bundle
 from mmnanhook.quarantine import read_quarantine
 from mmnanhook.sentinel import capture_rng, restore_rng
-from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
-from mmnanhook.testing import testbed
-from mmnanhook.testing.bundles import (CORRUPTIONS, copy_bundle,
+from mmnan_testing import cpu_amp  # noqa: F401 - registers its wrappers
+from mmnan_testing import testbed
+from mmnan_testing.bundles import (CORRUPTIONS, copy_bundle,
                                        drop_listed_file, replace_listed_file)
-from mmnanhook.testing.cli import (BATCH, PROJECT_DIR, assert_bad_input,
+from mmnan_testing.cli import (BATCH, PROJECT_DIR, assert_bad_input,
                                    assert_same_report, mmnan, replay_json,
                                    run_report, toy_config, train_to_bundle)
 

@@ -8,7 +8,7 @@ import os.path as osp
 
 import pytest
 
-from mmnanhook.testing.cli import mmnan, replay_json
+from mmnan_testing.cli import mmnan, replay_json
 
 BUNDLE = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'data',
                   'cuda_bundle')

@@ -1,12 +1,13 @@
-"""Both demos end to end, as the README's first commands run them: a fresh
-``mmnan demo`` process, then ``mmnan replay`` of the bundle it printed."""
+"""Both demos end to end, as the README shows them: a fresh ``mmnan demo``
+process, then ``mmnan replay`` of the bundle it printed; the README's demo
+output is what the mmdet demo prints."""
 import os.path as osp
 import re
 
 import pytest
 
-from mmnanhook.cli._demo import demo_dataset
-from mmnanhook.testing.cli import (assert_same_report, mmnan, replay_json,
+from mmnanhook.demo import demo_dataset
+from mmnan_testing.cli import (assert_same_report, mmnan, replay_json,
                                    run_report)
 
 
@@ -53,3 +54,18 @@ def test_demo_finds_the_planted_defect_and_its_bundle_replays(tmp_path,
     assert code == 0
     assert_same_report(report, run_report(bundle))
     assert [s['img_path'] for s in report['samples']] == [image]
+    if not dota:
+        _assert_readme_shows(out)
+
+
+def _assert_readme_shows(out):
+    """The README's demo output is this output, ``...`` standing for the
+    paths of this machine: every line of it matches a line printed."""
+    with open(osp.join(osp.dirname(osp.dirname(osp.dirname(
+            osp.abspath(__file__)))), 'README.md')) as f:
+        shown = re.search(r'```text\n(== NanDetectHook.*?)```', f.read(),
+                          re.S).group(1).splitlines()
+    printed = out.splitlines()
+    for line in shown:
+        pattern = '.*'.join(re.escape(part) for part in line.split('...'))
+        assert any(re.fullmatch(pattern, p) for p in printed), line

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mmnanhook.bundle import ALLOWLIST_FALLBACK
-from mmnanhook.testing import legs
-from mmnanhook.testing.bundles import (copy_bundle, hostile_config,
+from mmnan_testing import legs
+from mmnan_testing.bundles import (copy_bundle, hostile_config,
                                        hostile_torch_file, replace_listed_file)
-from mmnanhook.testing.cli import (FALLBACK_WARNING, PROJECT_DIR,
+from mmnan_testing.cli import (FALLBACK_WARNING, PROJECT_DIR,
                                    assert_bad_input, message_lines, mmnan,
                                    toy_config, train_to_bundle)
 

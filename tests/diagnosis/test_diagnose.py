@@ -22,7 +22,7 @@ from mmnanhook.diagnosis import diagnose
 from mmnanhook.diagnosis._backward import BackwardWatch
 from mmnanhook.diagnosis._forward import ForwardWatch, LineLocator
 from mmnanhook.report import KINDS, format_report
-from mmnanhook.testing.faults import is_op
+from mmnan_testing.faults import is_op
 
 
 def _line_of(marker):

@@ -21,9 +21,9 @@ from mmengine.runner import Runner
 from mmnanhook import NonFiniteError, compat
 from mmnanhook.bundle import load_bundle, to_strict_json
 from mmnanhook.sentinel import restore_rng
-from mmnanhook.testing import faults, testbed
-from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
-from mmnanhook.testing.ddp import BAD_ITER, BAD_RANK, run_ranks
+from mmnan_testing import faults, testbed
+from mmnan_testing import cpu_amp  # noqa: F401 - registers its wrappers
+from mmnan_testing.ddp import BAD_ITER, BAD_RANK, run_ranks
 
 MANIFEST_KEYS = ('format_version', 'iter', 'epoch', 'rank', 'world_size',
                  'trigger', 'losses', 'nonfinite_losses', 'grad_norm',

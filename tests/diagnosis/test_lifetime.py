@@ -17,8 +17,8 @@ from mmnanhook import NonFiniteError
 from mmnanhook._mmengine import unwrap_model
 from mmnanhook.diagnosis import diagnose
 from mmnanhook.sentinel import capture_rng, restore_rng, sentinel_of
-from mmnanhook.testing import exit_check, lifetime
-from mmnanhook.testing.toy import ToyModel
+from mmnan_testing import exit_check, lifetime
+from mmnan_testing.toy import ToyModel
 
 EXIT_RUNS = 10
 # A hang is forever; a run takes ~10 s alone and several times that on a
@@ -106,7 +106,7 @@ def test_the_exit_check_script_exits_promptly_every_time(tmp_path):
         for fault, code in runs[start:start + 2]:
             work = str(tmp_path / ('%s_%d' % (fault, code)))
             procs.append((fault, code, time.time(), subprocess.Popen(
-                [sys.executable, '-m', 'mmnanhook.testing.exit_check', fault,
+                [sys.executable, '-m', 'mmnan_testing.exit_check', fault,
                  work, str(code)], stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT, universal_newlines=True)))
         for fault, code, started, proc in procs:
@@ -127,7 +127,7 @@ def test_the_exit_check_script_exits_promptly_every_time(tmp_path):
 
 @pytest.mark.mmdet
 def test_short_soak_skips_every_bad_step_and_keeps_few_bundles(tmp_path):
-    from mmnanhook.testing.soak import run_soak
+    from mmnan_testing.soak import run_soak
     result = run_soak(str(tmp_path), iters=50, max_dumps=3, tail=40)
     planned = result['planned']
     assert set(planned.values()) == {'data', 'backward'}

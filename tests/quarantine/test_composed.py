@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmnanhook.testing import synthetic
-
+from mmnanhook.demo import synthetic
 pytestmark = pytest.mark.mmdet
 
 IMAGES = 8
@@ -46,7 +45,7 @@ _PACK = dict(type='PackDetInputs',
 def _build(cfg):
     from mmengine.registry import init_default_scope
     from mmdet.registry import DATASETS
-    from mmnanhook.testing.nodata import register_nodata_transforms
+    from mmnan_testing.nodata import register_nodata_transforms
     init_default_scope('mmdet')
     register_nodata_transforms()
     return DATASETS.build(cfg)
@@ -70,7 +69,7 @@ def _cached(data):
 
 
 def _parts(sample):
-    from mmnanhook.quarantine._composed import PARTS
+    from mmnanhook.quarantine import PARTS
     return [osp.basename(p) for _, p in
             sample['data_samples'].metainfo.get(PARTS) or ()]
 
@@ -163,8 +162,8 @@ def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
     trained by ``IterBasedTrainLoop`` with a shuffling ``InfiniteSampler``
     and 2 persistent workers (started when the loop is built, before any
     hook); ``tile`` (a base name, or None) is nodata."""
-    from mmnanhook.testing import testbed, zoo
-    from mmnanhook.testing.nodata import (nodata_pipeline,
+    from mmnan_testing import testbed, zoo
+    from mmnan_testing.nodata import (nodata_pipeline,
                                           register_nodata_transforms)
     register_nodata_transforms()
     data = testbed.make_dataset('retinanet', str(tmp_path / 'data'),
@@ -203,7 +202,7 @@ def test_workers_started_before_the_hook_are_kept_while_nothing_is_bad(
     # Nothing is quarantined: the workers the iteration-based loop started
     # before the hook are kept, and every batch and weight is what the run
     # without the hook has.
-    from mmnanhook.testing.zoo import weights
+    from mmnan_testing.zoo import weights
     plain, plain_files, _ = _iteration_based(tmp_path, 'plain', None,
                                              hook=False, iters=8)
     guarded, guarded_files, _ = _iteration_based(tmp_path, 'guarded', None,
@@ -224,8 +223,8 @@ def test_iteration_based_workers_never_draw_a_quarantined_partner(tmp_path):
     import glob
     import json
     import os
-    from mmnanhook.testing.nodata import read_log
-    from mmnanhook.testing.toy import log_text
+    from mmnan_testing.nodata import read_log
+    from mmnan_testing.toy import log_text
     tile = '000005.png'
     runner, files, log = _iteration_based(tmp_path, 'drop', tile)
     (sample, ) = json.load(open(osp.join(

@@ -17,8 +17,8 @@ import pytest
 from mmnanhook.quarantine import (FILE_NAME, QuarantinedSample,
                                   QuarantineError, read_quarantine,
                                   write_quarantine)
-from mmnanhook.testing import testbed, zoo
-from mmnanhook.testing.toy import log_text, make_runner
+from mmnan_testing import testbed, zoo
+from mmnan_testing.toy import log_text, make_runner
 
 BAD = 3
 EPOCHS = 3

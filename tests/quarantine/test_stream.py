@@ -15,7 +15,8 @@ from mmengine.registry import init_default_scope
 
 from mmnanhook.quarantine import (Quarantine, QuarantinedSample,
                                   read_quarantine, write_quarantine)
-from mmnanhook.testing import synthetic, testbed, zoo
+from mmnanhook.demo import synthetic
+from mmnan_testing import testbed, zoo
 
 BAD = 3
 IMAGES = 8

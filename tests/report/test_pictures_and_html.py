@@ -21,7 +21,7 @@ from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError
 from mmnanhook.bundle import load_bundle
-from mmnanhook.testing import browser, faults, testbed
+from mmnan_testing import browser, faults, testbed
 
 BAD_INDEX = 1  # the zero-width box lies in image 1: batch 0, position 1
 

@@ -1,7 +1,7 @@
 """Tier 1 under AMP on CPU: bf16 autocast with a real CPU GradScaler.
 
 ``AmpOptimWrapper.__init__`` asserts a GPU, so
-:class:`~mmnanhook.testing.cpu_amp.CpuAmpOptimWrapper` replaces only the
+:class:`~mmnan_testing.cpu_amp.CpuAmpOptimWrapper` replaces only the
 constructor; every other method under test is the real ``AmpOptimWrapper``
 one.
 """
@@ -12,8 +12,8 @@ import torch
 
 from mmnanhook import compat
 from mmnanhook.sentinel import sentinel_of
-from mmnanhook.testing import cpu_amp  # noqa: F401 - registers its wrappers
-from mmnanhook.testing.toy import (Probe, ToyDataset, assert_same,
+from mmnan_testing import cpu_amp  # noqa: F401 - registers its wrappers
+from mmnan_testing.toy import (Probe, ToyDataset, assert_same,
                                    assert_state_same, make_runner, params,
                                    train_error)
 

@@ -12,9 +12,9 @@ import shutil
 import pytest
 import torch
 
-from mmnanhook.testing import cuda_toy
-from mmnanhook.testing.cuda_toy import SmallResNet
-from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
+from mmnan_testing import cuda_toy
+from mmnan_testing.cuda_toy import SmallResNet
+from mmnan_testing.toy import (Probe, assert_same, assert_state_same,
                                    make_runner, train_error)
 
 pytestmark = [

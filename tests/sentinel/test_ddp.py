@@ -1,5 +1,5 @@
 """Tier 1 and recovery under DDP: two CPU processes over gloo, started by a
-real launcher (see :mod:`mmnanhook.testing.ddp`), the toy model: one rank's
+real launcher (see :mod:`mmnan_testing.ddp`), the toy model: one rank's
 bad sample stops, skips or drops on every rank alike, with and without
 SyncBN statistics, and with a forward that raises on that rank alone. A hang
 fails the test (each run is bounded)."""
@@ -8,7 +8,7 @@ import inspect
 import pytest
 import torch
 
-from mmnanhook.testing.ddp import (BAD_ITER, BAD_RANK, SPIKE_ITERS,
+from mmnan_testing.ddp import (BAD_ITER, BAD_RANK, SPIKE_ITERS,
                                    run_nodes, run_scenarios)
 
 pytestmark = pytest.mark.ddp

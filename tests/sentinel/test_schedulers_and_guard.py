@@ -17,8 +17,8 @@ from mmengine.optim import OptimWrapper
 
 from mmnanhook import CheckBypassedError, NonFiniteError
 from mmnanhook.sentinel import sentinel_of
-from mmnanhook.testing import legs
-from mmnanhook.testing.toy import Probe, ToyModel, assert_same, make_runner
+from mmnan_testing import legs
+from mmnan_testing.toy import Probe, ToyModel, assert_same, make_runner
 
 SCHEDULE = [
     dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=3),

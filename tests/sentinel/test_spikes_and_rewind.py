@@ -16,8 +16,8 @@ from mmengine.hooks import Hook
 
 from mmnanhook import NanDetectHook, compat
 from mmnanhook.sentinel import SeriesBand, SpikeDetector
-from mmnanhook.testing.cli import run_report
-from mmnanhook.testing.toy import (Probe, assert_same, assert_state_same,
+from mmnan_testing.cli import run_report
+from mmnan_testing.toy import (Probe, assert_same, assert_state_same,
                                    log_text, make_runner, params,
                                    train_error)
 
@@ -299,7 +299,7 @@ def test_rewind_under_schedulers_compounds_the_factor_and_keeps_the_schedule(
     reason='needs a CPU GradScaler (torch.amp.GradScaler("cpu"), torch >= '
     '2.3); AmpOptimWrapper itself requires a GPU')
 def test_rewind_under_amp_restores_the_grad_scaler(tmp_path):
-    from mmnanhook.testing import cpu_amp  # noqa: F401 - registers wrappers
+    from mmnan_testing import cpu_amp  # noqa: F401 - registers wrappers
     probe = Probe()
     # GradScaler overflows halve the scale at 2 (before the snapshot after
     # 7) and at 9 (after it); the spikes at 10 and 11 go back to 7.

@@ -1,5 +1,5 @@
 """MMEngine's FlexibleRunner strategies and sharded gradients on two CPU
-ranks over gloo (see :mod:`mmnanhook.testing.strategies`).
+ranks over gloo (see :mod:`mmnan_testing.strategies`).
 
 FSDP1 (what MMEngine's ``FSDPStrategy`` wraps with) refuses a CPU on torch
 2.13, so the global norm is tested on the layouts it produces: plain tensors
@@ -11,13 +11,13 @@ import os.path as osp
 
 import pytest
 
-from mmnanhook.testing import zoo
-from mmnanhook.testing.ddp import run_ranks
-from mmnanhook.testing.strategies import (BAD_ITER, BAD_RANK,
+from mmnan_testing import zoo
+from mmnan_testing.ddp import run_ranks
+from mmnan_testing.strategies import (BAD_ITER, BAD_RANK,
                                           fsdp2_available,
                                           toy_flexible_runner)
 
-MODULE = 'mmnanhook.testing.strategies'
+MODULE = 'mmnan_testing.strategies'
 
 
 @pytest.mark.ddp

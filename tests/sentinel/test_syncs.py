@@ -3,14 +3,14 @@ none for spike detection (what the hook does once per run, before the first
 iteration, is not counted).
 
 Every read of a tensor's value into Python is counted
-(:func:`mmnanhook.testing.syncs.count_syncs`) and attributed to its caller:
+(:func:`mmnan_testing.syncs.count_syncs`) and attributed to its caller:
 mmnanhook's code, or anyone else's (mmengine's logging, mmdet's assigners).
 """
 import pytest
 from mmengine.runner import Runner
 
-from mmnanhook.testing import testbed
-from mmnanhook.testing.syncs import count_syncs, iteration_window
+from mmnan_testing import testbed
+from mmnan_testing.syncs import count_syncs, iteration_window
 
 ITERS = 6
 # Spikes judged from the third iteration on, so that the band is in use.

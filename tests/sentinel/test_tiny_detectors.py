@@ -8,8 +8,8 @@ import pytest
 from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError, compat
-from mmnanhook.testing import testbed
-from mmnanhook.testing.toy import Probe, assert_same
+from mmnan_testing import testbed
+from mmnan_testing.toy import Probe, assert_same
 
 
 def _runner(tmp_path, name, defects, hook=None, max_iters=3, **overrides):
@@ -69,7 +69,7 @@ def test_retinanet_skip_policy_trains_on(tmp_path):
     compat.cpu_grad_scaler() is None,
     reason='needs a CPU GradScaler (torch >= 2.3) to run AMP on CPU')
 def test_retinanet_after_amp_rewrote_the_wrapper_type(tmp_path):
-    from mmnanhook.testing import cpu_amp  # noqa: F401 - registers it
+    from mmnan_testing import cpu_amp  # noqa: F401 - registers it
 
     # What mmdet's tools/train.py --amp does to the config.
     runner, probe = _runner(

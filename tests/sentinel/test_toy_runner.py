@@ -1,6 +1,6 @@
 """Tier 1 on a real MMEngine Runner with a toy model (mmengine only).
 
-The toy model and the runner factory are :mod:`mmnanhook.testing.toy`.
+The toy model and the runner factory are :mod:`mmnan_testing.toy`.
 """
 import copy
 import json
@@ -18,7 +18,7 @@ from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
                        install_nan_detect)
 from mmnanhook.recovery import Answer
 from mmnanhook.sentinel import sentinel_of
-from mmnanhook.testing.toy import (BOUND, Probe, ToyModel,
+from mmnan_testing.toy import (BOUND, Probe, ToyModel,
                                    TwoOptimizerModel, assert_same,
                                    assert_state_same, log_text, make_runner,
                                    params, train_error, two_optimizers)
@@ -430,7 +430,7 @@ os._exit(0)
 
 
 def test_dotted_type_works_without_custom_imports(tmp_path):
-    from mmnanhook.testing.cli import PROJECT_DIR
+    from mmnan_testing.cli import PROJECT_DIR
     env = dict(os.environ, OMP_NUM_THREADS='1')
     # Prepended: an mmengine laid over the leg (make test-mmengine) stays.
     env['PYTHONPATH'] = os.pathsep.join(

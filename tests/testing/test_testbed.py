@@ -10,7 +10,9 @@ import cv2
 import numpy as np
 import pytest
 
-from mmnanhook.testing import synthetic, testbed
+from mmnanhook.demo import synthetic
+
+from mmnan_testing import testbed
 
 SIZE = 64
 

@@ -1,6 +1,6 @@
 """The zoo tier: configs as shipped inside the installed packages.
 
-Each test trains a child of the shipped file (see :mod:`mmnanhook.testing.zoo`: data
+Each test trains a child of the shipped file (see :mod:`mmnan_testing.zoo`: data
 root, 320 px, ``init_cfg=None``, a short schedule) on a synthetic dataset,
 with the zoo's own schedulers, pipelines, samplers, loops, EMA and default
 hooks, and compares with the same run without mmnanhook.
@@ -31,7 +31,7 @@ from mmnanhook.diagnosis import declared_sizes, diagnose
 from mmnanhook.quarantine import read_quarantine
 from mmnanhook.report import format_report
 from mmnanhook.sentinel import restore_rng
-from mmnanhook.testing import cli, legs, zoo
+from mmnan_testing import cli, legs, zoo
 
 # name -> ('data', {image index: defect}) or ('lr', the LR of the blow-up).
 FAULTS = {

@@ -7,7 +7,7 @@ from a cache again; no second trigger.
 
 The shipped pipelines, changed where a test on this data needs it:
 
-* the loading step is :class:`~mmnanhook.testing.nodata.LoadNodataImage`
+* the loading step is :class:`~mmnan_testing.nodata.LoadNodataImage`
   (``LoadImageFromFile`` with ``to_float32=True``, the tile NaN);
 * ``YOLOXHSVRandomAug`` is left out: it casts to int16 and back, which turns
   NaN pixels into finite ones and hides the tile;
@@ -26,8 +26,8 @@ import os.path as osp
 
 import pytest
 
-from mmnanhook.testing import zoo
-from mmnanhook.testing.nodata import (nodata_pipeline, read_log,
+from mmnan_testing import zoo
+from mmnan_testing.nodata import (nodata_pipeline, read_log,
                                       register_nodata_transforms)
 
 pytestmark = [pytest.mark.zoo, pytest.mark.mmdet]

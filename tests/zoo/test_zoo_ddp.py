@@ -1,5 +1,5 @@
 """Recovery under DDP on the zoo's own configs, two CPU ranks over gloo (see
-:mod:`mmnanhook.testing.ddp_zoo`): mmdet's RTMDet-tiny with its SyncBN (a CPU
+:mod:`mmnan_testing.ddp_zoo`): mmdet's RTMDet-tiny with its SyncBN (a CPU
 stand-in) and a nodata tile on rank 1, and mmdet's RetinaNet R50 with an
 image whose annotation declares twice its width. A hang fails the test (each
 run is bounded)."""
@@ -9,15 +9,15 @@ import os.path as osp
 import pytest
 import torch
 
-from mmnanhook.testing import zoo
-from mmnanhook.testing.ddp import run_ranks
-from mmnanhook.testing.ddp_zoo import IMAGES, moving_index
+from mmnan_testing import zoo
+from mmnan_testing.ddp import run_ranks
+from mmnan_testing.ddp_zoo import IMAGES, moving_index
 
 pytestmark = [pytest.mark.zoo, pytest.mark.ddp, pytest.mark.mmdet,
               pytest.mark.skipif(not zoo.available('rtmdet_tiny'),
                                  reason='mmdet is not installed')]
 
-MODULE = 'mmnanhook.testing.ddp_zoo'
+MODULE = 'mmnan_testing.ddp_zoo'
 
 
 def _run(name, tmp_path):

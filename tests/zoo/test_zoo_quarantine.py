@@ -10,7 +10,7 @@ import pytest
 from mmengine.dataset import InfiniteSampler
 
 from mmnanhook.quarantine import read_quarantine
-from mmnanhook.testing import zoo
+from mmnan_testing import zoo
 
 NAME = 'retinanet_r50_90k'
 IMAGES = 8

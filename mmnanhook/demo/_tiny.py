@@ -1,9 +1,9 @@
-"""Tiny real detectors on synthetic data: configs and datasets for tests,
-benchmarks and the demos.
+"""Tiny real detectors on synthetic data: the demo's configs and datasets.
 
-The configs live in the repository's ``configs/`` directory (next to the
-package in a source checkout or an editable install), so users can read and
-copy them like any OpenMMLab config.
+The configs are the repository's ``configs/`` directory, shipped in the wheel
+as ``mmnanhook/.mim/configs`` (where ``mmnanhook::`` configs resolve, as
+``mmdet::`` ones do in mmdet), so users can read and copy them like any
+OpenMMLab config.
 """
 import itertools
 import os.path as osp
@@ -20,19 +20,6 @@ TINY_CONFIGS = {
     'rotated_retinanet': ('tiny_rotated_retinanet.py', 'dota'),
 }
 
-# ``tiny_config`` overrides that widen the tiny RetinaNet to ResNet-18 widths
-# (11 M parameters) on 256 px inputs: a model whose iteration is dominated by
-# compute, as real ones are, for benchmarks.
-R18_WIDTHS = {
-    'model.backbone.base_channels': 64,
-    'model.neck.in_channels': [128, 256, 512],
-    'model.neck.out_channels': 64,
-    'model.bbox_head.in_channels': 64,
-    'model.bbox_head.feat_channels': 64,
-    'model.bbox_head.stacked_convs': 2,
-    'train_dataloader.dataset.pipeline.2.scale': (256, 256),
-}
-
 # Runner names its logger, message hub and scope after the config file and the
 # current second, and reuses existing instances of that name: two runners of
 # one config started within a second would share a message hub.
@@ -46,19 +33,21 @@ _MAKERS = {
 
 
 def config_dir():
-    """The repository's ``configs/`` directory.
+    """Where mmnanhook's configs are: ``.mim/configs`` of the installed
+    package (a copy in a wheel, a link in an editable install), else
+    ``configs/`` of a source tree used without installing.
 
     Raises:
-        FileNotFoundError: When mmnanhook is installed without its source tree.
+        FileNotFoundError: When neither exists.
     """
     package = osp.dirname(osp.dirname(osp.abspath(__file__)))
-    path = osp.join(osp.dirname(package), 'configs')
-    if not osp.isdir(path):
-        raise FileNotFoundError(
-            'the tiny configs are not installed: expected them in %s. They '
-            'ship with the source tree; install mmnanhook from a clone with '
-            '`pip install -e .`' % path)
-    return path
+    for path in (osp.join(package, '.mim', 'configs'),
+                 osp.join(osp.dirname(package), 'configs')):
+        if osp.isdir(path):
+            return path
+    raise FileNotFoundError(
+        'mmnanhook is installed without its configs (no %s): reinstall it '
+        'from its wheel' % osp.join(package, '.mim', 'configs'))
 
 
 def dataset_kind(name):
@@ -115,7 +104,7 @@ def make_dataset(kind, root, **kwargs):
         kind (str): ``'coco'``, ``'voc'`` or ``'dota'``; a tiny config name is
             accepted too and means the format that config trains on.
         root (str): Directory to write into.
-        **kwargs: Passed to the generator in :mod:`mmnanhook.testing.synthetic`
+        **kwargs: Passed to the generator in :mod:`mmnanhook.demo.synthetic`
             (``num_images``, ``image_size``, ``seed``, ``defects``,
             ``classes``).
 

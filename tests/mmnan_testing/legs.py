@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from mmengine.utils import digit_version
 
-from ..compat import MMENGINE_VERSION, TORCH_VERSION
+from mmnanhook.compat import MMENGINE_VERSION, TORCH_VERSION
 
 # mmengine >= 0.10.3: an iteration-based loop resumed at iteration k first
 # skips the k batches already trained; before, it begins again at the

@@ -18,8 +18,8 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from .._mmengine import unwrap_model
-from . import faults, testbed
+from mmnanhook._mmengine import unwrap_model
+from mmnan_testing import faults, testbed
 
 BATCH = 2
 

@@ -12,7 +12,7 @@ import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
-from .. import compat
+from mmnanhook import compat
 
 
 @OPTIM_WRAPPERS.register_module(force=True)

@@ -9,7 +9,7 @@ import uuid
 
 from mmengine.config import Config
 
-from ..bundle import ALLOWLIST_FALLBACK
+from mmnanhook.bundle import ALLOWLIST_FALLBACK
 
 # A user's project, outside every package: its modules (``replay_toys``) are
 # importable only where this directory is on the path, as a project's are.

@@ -18,8 +18,8 @@ from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
-from ..errors import NonFiniteError
-from ..sentinel import capture_rng, sentinel_of
+from mmnanhook.errors import NonFiniteError
+from mmnanhook.sentinel import capture_rng, sentinel_of
 from .faults import NanGradient
 
 BATCH = 2
@@ -150,7 +150,7 @@ class ToyBNModel(ToyModel):
 
 class ToySyncBNModel(ToyModel):
     """:class:`ToyModel` whose inputs first go through
-    :class:`~mmnanhook.testing.syncbn.CpuSyncBatchNorm` (the 4 features of
+    :class:`~mmnan_testing.syncbn.CpuSyncBatchNorm` (the 4 features of
     each sample as one channel): under DDP every training forward shares
     its batch statistics with the other ranks, so one rank's NaN input makes
     every rank's loss NaN."""

@@ -19,7 +19,7 @@ import tempfile
 
 from ..errors import NonFiniteError
 from ..records import verified_fix
-from ..testing import testbed
+from ._tiny import make_dataset, tiny_config
 
 # dota? -> (tiny config, defect planted, how that defect reaches the loss)
 _SETUPS = {
@@ -49,11 +49,11 @@ def demo_dataset(dota, root):
 
     Returns:
         dict: The generator's description of what it wrote (see
-        :mod:`mmnanhook.testing.synthetic`), ``defects`` and ``defect_images``
+        :mod:`mmnanhook.demo.synthetic`), ``defects`` and ``defect_images``
         included.
     """
     config, defect, _ = _SETUPS[bool(dota)]
-    return testbed.make_dataset(config, root, num_images=NUM_IMAGES,
+    return make_dataset(config, root, num_images=NUM_IMAGES,
                                 defects={DEFECT_IMAGE: defect})
 
 
@@ -113,7 +113,7 @@ def run_demo(dota=False, work_dir=None):
     work_dir = work_dir or tempfile.mkdtemp(prefix='mmnan_demo_')
     data = demo_dataset(dota, osp.join(work_dir, 'data'))
     dump_dir = osp.join(work_dir, 'nan_dumps')
-    cfg = testbed.tiny_config(
+    cfg = tiny_config(
         config, data, osp.join(work_dir, 'run'), max_iters=MAX_ITERS,
         custom_hooks=[dict(type='NanDetectHook', dump_dir=dump_dir)])
     _say('== mmnanhook demo: tiny {} on {}'.format(config, why))

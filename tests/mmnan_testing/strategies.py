@@ -1,5 +1,5 @@
 """MMEngine's ``FlexibleRunner`` strategies and sharded gradients, on two CPU
-ranks over gloo (started by :func:`mmnanhook.testing.ddp.run_ranks`).
+ranks over gloo (started by :func:`mmnan_testing.ddp.run_ranks`).
 
 Scenarios:
 
@@ -30,7 +30,7 @@ def _flexible_ddp(out_dir):
     from mmengine.runner import FlexibleRunner
 
     from mmnanhook import NonFiniteError
-    from mmnanhook.testing import zoo
+    from mmnan_testing import zoo
 
     torch.set_num_threads(1)
     # Each rank writes its own copy (same seed, same bytes) and child config:
@@ -267,5 +267,5 @@ def fsdp2_available():
 
 
 if __name__ == '__main__':
-    from mmnanhook.testing.ddp import main
+    from mmnan_testing.ddp import main
     main(scenarios=SCENARIOS)

@@ -1,6 +1,6 @@
 """Two CPU ranks over gloo, started by torch's own launcher.
 
-:func:`run_ranks` starts ``python -m mmnanhook.testing.ddp SCENARIO OUT``
+:func:`run_ranks` starts ``python -m mmnan_testing.ddp SCENARIO OUT``
 on each rank; every rank trains the toy model under
 ``MMDistributedDataParallel`` and writes ``rank<r>.json``.
 
@@ -33,7 +33,7 @@ BAD_SAMPLE, BAD_RANK, BAD_ITER = 5, 1, 1
 
 def _nan_loss(out_dir):
     from mmnanhook import NonFiniteError
-    from mmnanhook.testing.toy import make_runner
+    from mmnan_testing.toy import make_runner
     runner = make_runner(
         out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
         hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
@@ -53,7 +53,7 @@ def _nan_loss(out_dir):
 
 def _toy_runner(out_dir, faults, hook, model=None, probe=None, ddp=None,
                 **kwargs):
-    from mmnanhook.testing.toy import make_runner
+    from mmnan_testing.toy import make_runner
     return make_runner(
         out_dir, faults=faults, max_iters=4, model=model, probe=probe,
         hook=dict(dict(type='NanDetectHook',
@@ -134,7 +134,7 @@ def _drop_run(out_dir, faults, model_type=None, policy='drop',
     :data:`BAD_ITER`; rank 0 writes the hand recompute of that step."""
     import torch
 
-    from mmnanhook.testing.toy import Probe, ToyDataset, ToyModel, log_text
+    from mmnan_testing.toy import Probe, ToyDataset, ToyModel, log_text
     model_type = model_type or ToyModel
     probe = Probe()
     runner = _toy_runner(out_dir, faults, dict(policy=policy),
@@ -233,7 +233,7 @@ def _raise_skip(out_dir):
 def _raise_reduce(out_dir):
     """The forward raises on rank 1 alone, before a collective of the loss
     (a ``reduce_mean``) that rank 0 then calls, 'skip'."""
-    from mmnanhook.testing.toy import ToyNormalizedModel
+    from mmnan_testing.toy import ToyNormalizedModel
     return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'},
                      ToyNormalizedModel, policy='skip')
 
@@ -252,8 +252,8 @@ def _nodes(out_dir):
     from mmengine.dist import broadcast_object_list
     from mmengine.runner import Runner
 
-    from ..quarantine import read_quarantine
-    from . import testbed
+    from mmnanhook.quarantine import read_quarantine
+    from mmnan_testing import testbed
     rank = dist.get_rank()
     box = [testbed.make_dataset(
         'retinanet_voc', osp.join(out_dir, 'data'), num_images=8,
@@ -284,7 +284,7 @@ def _nodes(out_dir):
 
 def _syncbn(policy):
     def scenario(out_dir):
-        from mmnanhook.testing.toy import ToySyncBNModel
+        from mmnan_testing.toy import ToySyncBNModel
         return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input'}, ToySyncBNModel,
                          policy=policy, shared_stats=True)
     return scenario
@@ -298,7 +298,7 @@ SPIKE_ITERS = (10, 11)
 def _rewind(out_dir):
     import torch
 
-    from mmnanhook.testing.toy import make_runner
+    from mmnan_testing.toy import make_runner
     runner = make_runner(
         out_dir, faults={s: 'spike' for s in SPIKE_SAMPLES}, max_iters=14,
         n=64, hook=dict(type='NanDetectHook', policy='rewind',
@@ -411,7 +411,7 @@ def _results(out_dir, ranks):
     return results
 
 
-def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp',
+def run_ranks(scenario, out_dir, nproc=2, module='mmnan_testing.ddp',
               timeout=300):
     """Run ``scenario`` on ``nproc`` ranks over gloo with torch's launcher.
 
@@ -427,7 +427,7 @@ def run_ranks(scenario, out_dir, nproc=2, module='mmnanhook.testing.ddp',
 
 
 def run_scenarios(scenarios, out_dir, nproc=2,
-                  module='mmnanhook.testing.ddp', timeout=600):
+                  module='mmnan_testing.ddp', timeout=600):
     """Run several scenarios one after the other in the same ranks (one
     launch: the processes' start, seconds of imports each, is paid once),
     each in ``out_dir/<scenario>``.
@@ -444,7 +444,7 @@ def run_scenarios(scenarios, out_dir, nproc=2,
                 for scenario in scenarios), log
 
 
-def run_nodes(scenario, out_dir, nnodes=2, module='mmnanhook.testing.ddp',
+def run_nodes(scenario, out_dir, nnodes=2, module='mmnan_testing.ddp',
               timeout=300):
     """Run ``scenario`` as ``nnodes`` nodes of one rank each: a launcher per
     node (``--nnodes``, ``--node_rank``) on 127.0.0.1, as a multi-node job
@@ -475,7 +475,7 @@ def main(argv=None, scenarios=None):
     dist.destroy_process_group()
     # torch 1.7's autograd engine can hang in the exit handlers after a
     # backward (pytorch#47886): a rank that hangs there fails its launch.
-    from .. import compat
+    from mmnanhook import compat
     compat.exit_process(0)
 
 

@@ -7,7 +7,7 @@ whose nodes carry Python hooks, torch 1.7 would hang in finalization.
 
 Usage::
 
-    python -m mmnanhook.testing.exit_check FAULT WORK_DIR EXIT_CODE
+    python -m mmnan_testing.exit_check FAULT WORK_DIR EXIT_CODE
 
 ``FAULT`` is ``rng`` (a neck that makes NaN from ``torch.rand``, so only a
 replay from the kept RNG state reproduces it), ``backward`` (a loss whose
@@ -22,7 +22,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError
-from mmnanhook.testing import faults, testbed
+from mmnan_testing import faults, testbed
 
 FAULTS = ('rng', 'backward', 'data')
 

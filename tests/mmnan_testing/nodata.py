@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mmcv.transforms import BaseTransform, LoadImageFromFile
 
-from ..quarantine._composed import PARTS
+from mmnanhook.quarantine import PARTS
 
 
 def _append(log_file, text):

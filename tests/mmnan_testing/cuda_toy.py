@@ -3,7 +3,7 @@ device machine has no compiled mmcv), trained by :func:`toy.make_runner`.
 
 The toy dataset's 4-vectors are projected to a ``3 x 16 x 16`` image, then
 two residual conv blocks, pooling and a linear head. Faults come with the
-data, as in :class:`~mmnanhook.testing.toy.ToyModel`:
+data, as in :class:`~mmnan_testing.toy.ToyModel`:
 
 * ``fp16_range``: one activation multiplied by ``1e5`` after the first
   block: finite in fp32, beyond fp16's 65504 under fp16 autocast;

@@ -1,6 +1,6 @@
 """Recovery under DDP on the zoo's own configs: two CPU ranks over gloo,
-started by :func:`mmnanhook.testing.ddp.run_ranks` with
-``module='mmnanhook.testing.ddp_zoo'``.
+started by :func:`mmnan_testing.ddp.run_ranks` with
+``module='mmnan_testing.ddp_zoo'``.
 
 Scenarios:
 
@@ -10,7 +10,7 @@ Scenarios:
   the first epoch, the sampler gives it to rank 0 in the second.
 * ``rtmdet_skip`` (with ``quarantine_skips=True``) / ``rtmdet_drop``:
   mmdet's RTMDet-tiny with every norm layer a
-  :class:`~mmnanhook.testing.syncbn.CpuSyncBatchNorm` (its shipped
+  :class:`~mmnan_testing.syncbn.CpuSyncBatchNorm` (its shipped
   ``SyncBN``, made to run on CPUs), 2 epochs; image :data:`NODATA` (rank 1,
   iteration 1 of each epoch) is a nodata tile, all NaN. Its pipelines keep
   their steps but ``CachedMosaic``/``CachedMixUp`` (a cached tile would
@@ -27,7 +27,7 @@ import os.path as osp
 
 import torch
 
-from .._batch import split_batch
+from mmnanhook._batch import split_batch
 from .ddp import capture_replays, read_bundles
 from .zoo import BatchFiles, model_state, weights
 
@@ -68,7 +68,7 @@ def _finite(runner):
 def _config(out_dir, name, defects, policy, rank, **options):
     from mmengine.dist import broadcast_object_list
 
-    from . import zoo
+    from mmnan_testing import zoo
     # One dataset for every rank, as a real run reads (the quarantine is
     # keyed by file): rank 0 writes it, the others wait for its paths.
     box = [zoo.make_zoo_dataset(name, osp.join(out_dir, 'data'),
@@ -147,7 +147,7 @@ def _retinanet_drop(out_dir):
     from mmengine.dist import all_gather_object, get_rank
     from mmengine.runner import Runner
 
-    from ..quarantine import read_quarantine
+    from mmnanhook.quarantine import read_quarantine
     torch.set_num_threads(1)
     rank = get_rank()
     bad_index = moving_index()
@@ -185,7 +185,7 @@ def _rtmdet(policy, **options):
         from mmengine.dist import get_rank
         from mmengine.runner import Runner
 
-        from ..quarantine import read_quarantine
+        from mmnanhook.quarantine import read_quarantine
         from .nodata import nodata_pipeline, register_nodata_transforms
         from .syncbn import use_cpu_syncbn
         torch.set_num_threads(1)

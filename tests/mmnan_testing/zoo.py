@@ -30,8 +30,9 @@ import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
 
-from .._mmengine import unwrap_model
-from . import synthetic, testbed
+from mmnanhook._mmengine import unwrap_model
+from mmnanhook.demo import synthetic
+from mmnan_testing import testbed
 
 SMALL_SIDE = 320
 # The synthetic VOC data is a VOC2007 directory.
@@ -146,7 +147,7 @@ def make_zoo_dataset(name, root, num_images=4, defects=None, seed=0):
         root (str): Directory to write into.
         num_images (int): Number of images.
         defects (dict, optional): Image index -> defect kind (detection
-            datasets only; see :mod:`mmnanhook.testing.synthetic`).
+            datasets only; see :mod:`mmnanhook.demo.synthetic`).
         seed (int): Dataset seed.
 
     Returns:
