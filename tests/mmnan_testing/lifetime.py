@@ -9,7 +9,10 @@ from collections import deque
 
 import torch
 
-_PACKAGE = osp.dirname(osp.dirname(osp.abspath(__file__))) + osp.sep
+import mmnanhook
+
+# mmnanhook's own code (the test beds are not in it).
+_PACKAGE = osp.dirname(osp.abspath(mmnanhook.__file__)) + osp.sep
 
 
 def is_graph_object(obj):

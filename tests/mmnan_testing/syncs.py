@@ -5,9 +5,8 @@ so they are counted, not timed. :func:`count_syncs` wraps the ``Tensor``
 methods that bring a value to the host (``item``, ``tolist``, ``float()``,
 ``int()``, ``bool()``, ``numpy``, ``cpu``, ``to`` the host from a device)
 for the duration of a ``with`` block, and attributes each call to the first
-caller outside torch: mmnanhook's own code (its testing helpers excepted) or
-anyone else's. :func:`iteration_window` limits the count to a runner's
-train iterations (what a run does once, before or after them, is not a cost
+caller outside torch: mmnanhook's own code or anyone else's.
+:func:`iteration_window` limits the count to a runner's train iterations (what a run does once, before or after them, is not a cost
 per iteration). Works on every torch the package supports (no
 ``TorchFunctionMode`` on 1.7).
 """
@@ -19,8 +18,10 @@ import sys
 import torch
 from mmengine.hooks import Hook
 
-_PACKAGE = osp.dirname(osp.dirname(osp.abspath(__file__))) + osp.sep
-_TESTING = osp.dirname(osp.abspath(__file__)) + osp.sep
+import mmnanhook
+
+# mmnanhook's own code (the test beds are not in it).
+_PACKAGE = osp.dirname(osp.abspath(mmnanhook.__file__)) + osp.sep
 _TORCH = osp.dirname(osp.abspath(torch.__file__)) + osp.sep
 _METHODS = ('item', 'tolist', '__float__', '__int__', '__bool__', '__index__',
             'numpy', 'cpu', 'to')
@@ -106,7 +107,7 @@ def _record(seen, name):
         return
     path = osp.abspath(frame.f_code.co_filename)
     key = '%s:%d %s' % (path, frame.f_lineno, name)
-    ours = path.startswith(_PACKAGE) and not path.startswith(_TESTING)
+    ours = path.startswith(_PACKAGE)
     (seen.ours if ours else seen.theirs)[key] += 1
 
 
