@@ -42,10 +42,15 @@ class HookRun(object):
             it on to this run).
         history (History): Where each iteration's scalars go (the hook's:
             it outlives the run).
+        config_findings (list[ConfigFinding]): What the config rules found
+            in the run's config; a trigger's report names those that
+            explain it.
     """
 
-    def __init__(self, options, runner, listener, history):
+    def __init__(self, options, runner, listener, history,
+                 config_findings=()):
         self.options = options
+        self.config_findings = list(config_findings)
         self.policy = Policy(options.check)
         self.runner = runner
         self.logger = runner.logger
@@ -400,7 +405,8 @@ class HookRun(object):
         incident = handle_incident(
             runner, event, data_batch, rng_state, history, options,
             divergence=evidence, start_weight=self.start_weight, level=level,
-            rewind=rewind, replays=replays, exchange=exchange)
+            rewind=rewind, replays=replays, exchange=exchange,
+            config_findings=self.config_findings)
         to_visualizer(getattr(runner, 'visualizer', None), incident.report,
                       incident.pictures, event.iter, self.logger)
         # What the diagnosis allocated is free now: give it back.

@@ -18,6 +18,7 @@ from mmengine.registry import HOOKS
 from ._mmengine import unwrap_model
 from ._patch import set_attribute
 from ._run import HookRun
+from .doctor import check_run_config
 from .options import HookOptions
 from .sentinel import History, Listener, loss_terms
 
@@ -59,6 +60,11 @@ class NanDetectHook(Hook, Listener):
             history kept for the bundle. Defaults to 200.
         dump_optimizer (bool): Put the optimizer state in bundles. Defaults
             to True.
+        doctor (str, optional): The config rules of ``mmnan doctor`` run on
+            the run's config at ``before_train``: ``'warn'`` (default: one
+            log line per finding; a later trigger's report names the one
+            that explains it), ``'raise'`` (training does not start while
+            any is found) or ``None`` (not run).
         spike_policy (str, optional): What a finite spike of the loss or
             the gradient norm does: ``None`` (not detected), ``'warn'``
             (default: logged, counted in ``train/spikes``, marked in the
@@ -121,7 +127,9 @@ class NanDetectHook(Hook, Listener):
 
     def before_train(self, runner):
         self._restore()
-        self._run = HookRun(self.options, runner, self, self._history)
+        findings = check_run_config(runner, self.options.doctor)
+        self._run = HookRun(self.options, runner, self, self._history,
+                            findings)
         model = runner.model
         self._patch(model, 'train_step',
                     self._wrap_train_step(model.train_step))

@@ -267,6 +267,10 @@ class QuarantineOptions(object):
             self.quarantine is not None
 
 
+# What the config rules' findings do at before_train.
+DOCTOR_CHOICES = ('warn', 'raise', None)
+
+
 @dataclasses.dataclass(frozen=True)
 class HookOptions(object):
     """Every option of ``NanDetectHook`` (see its docstring), validated.
@@ -278,6 +282,9 @@ class HookOptions(object):
         replay (bool): Whether a trigger is replayed to diagnose it.
         history (int): Iterations of history kept for a bundle.
         dump_optimizer (bool): Whether bundles hold the optimizer state.
+        doctor (str, optional): What the config rules' findings do at
+            ``before_train``: ``'warn'`` (a log line each), ``'raise'``
+            (training does not start), ``None`` (not run).
         check (CheckOptions): Tier 1's.
         rewind (RewindOptions): ``'rewind'``'s.
         quarantine (QuarantineOptions): The quarantine's.
@@ -289,6 +296,7 @@ class HookOptions(object):
     replay: bool = True
     history: int = 200
     dump_optimizer: bool = True
+    doctor: Optional[str] = 'warn'
     check: CheckOptions = dataclasses.field(default_factory=CheckOptions)
     rewind: RewindOptions = dataclasses.field(default_factory=RewindOptions)
     quarantine: QuarantineOptions = dataclasses.field(
@@ -301,6 +309,7 @@ class HookOptions(object):
         check_bool('replay', self.replay)
         check_count('history', self.history, 0)
         check_bool('dump_optimizer', self.dump_optimizer)
+        check_choice('doctor', self.doctor, DOCTOR_CHOICES)
 
     @classmethod
     def build(cls, **kwargs):

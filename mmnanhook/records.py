@@ -152,6 +152,9 @@ class ProblemCategory(_StrEnum):
     OUTSIDE = 'outside'  #: a GT box lies outside its image
     ANGLE = 'angle'  #: a rotated box's angle is outside the configured range
     PIPELINE = 'pipeline'  #: the data pipeline raised (``mmnan scan``)
+    LABEL = 'label'  #: a GT label outside ``[0, num_classes)``
+    MASK = 'mask'  #: segmentation map values neither a class nor ignored
+    ALL_IGNORE = 'all_ignore'  #: every pixel ignored under avg_non_ignore
 
 
 # A sample with one of these carries non-finite values into the forward.
@@ -299,6 +302,45 @@ class RankFinding(object):
     def __repr__(self):
         return 'RankFinding(rank %d: %s, samples %s)' % (
             self.rank, self.kind, [s.index for s in self.samples])
+
+
+class ConfigFinding(object):
+    """A cause of NaN/Inf that a config shows before training.
+
+    Args:
+        rule (str): The rule that found it (a key of
+            :data:`mmnanhook.doctor.RULES`).
+        where (str): The config key, dotted (``model.bbox_head.loss_bbox``).
+        what (str): What is wrong there.
+        why (str): Where it was reported upstream (issue threads).
+        fix (str): The fix, as a config edit.
+    """
+
+    __slots__ = ('rule', 'where', 'what', 'why', 'fix')
+
+    def __init__(self, rule, where, what, why, fix):
+        self.rule = rule
+        self.where = where
+        self.what = what
+        self.why = why
+        self.fix = fix
+
+    def line(self):
+        """One line: what, where, why, the fix."""
+        return '[{}] {}: {} (seen in {}); fix: {}'.format(
+            self.rule, self.where, self.what, self.why, self.fix)
+
+    def to_dict(self):
+        """As ``report.json`` stores it."""
+        return dict((name, getattr(self, name)) for name in self.__slots__)
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read back :meth:`to_dict`."""
+        return cls(**dict((k, data.get(k)) for k in cls.__slots__))
+
+    def __repr__(self):
+        return 'ConfigFinding(%s at %s)' % (self.rule, self.where)
 
 
 class ReplayResult(object):
@@ -451,6 +493,7 @@ _REPORT_FIELDS = (
     ('replays_agree', None),
     ('ranks', list),
     ('local_modules', list),
+    ('config_findings', list),
     ('notes', list),
     ('elapsed_s', None),
     ('fixes_s', None),
@@ -479,6 +522,8 @@ class Report(object):
         local_modules (list[str]): Modules that communicate in their
             forward (SyncBN), normalized with this rank's batch alone
             during the replays.
+        config_findings (list[ConfigFinding]): What the config rules
+            (``mmnan doctor``) found in the run's config at ``before_train``.
         replays_agree (bool, optional): For a failure the replay did not
             reproduce: whether a second replay was finite too (``False``: a
             fault that comes and goes).
@@ -523,7 +568,8 @@ class Report(object):
         data = {}
         for name, _ in _REPORT_FIELDS:
             value = getattr(self, name)
-            if name in _SAMPLE_FIELDS or name in ('fixes', 'ranks'):
+            if name in _SAMPLE_FIELDS or name in ('fixes', 'ranks',
+                                                  'config_findings'):
                 value = [s.to_dict() for s in value]
             elif name == 'kind' and value is not None:
                 value = value.value
@@ -545,6 +591,9 @@ class Report(object):
         if 'ranks' in known:
             known['ranks'] = [RankFinding.from_dict(r)
                               for r in known['ranks'] or []]
+        if 'config_findings' in known:
+            known['config_findings'] = [ConfigFinding.from_dict(f) for f in
+                                        known['config_findings'] or []]
         if known.get('kind') not in (None, ) + KINDS:
             known['kind'] = None
         return cls(**known)

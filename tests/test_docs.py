@@ -141,8 +141,10 @@ def _makefile_targets():
 
 
 # Exit codes a documented command may end with (mmnan's contract: 1 is
-# ``scan`` having found bad samples, which is what it is shown for).
-_OK = {'replay': (0, ), 'inspect': (0, ), 'scan': (0, 1)}
+# ``scan`` or ``doctor`` having found something, which is what they are
+# shown for).
+_OK = {'replay': (0, ), 'inspect': (0, ), 'scan': (0, 1),
+       'doctor': (0, 1)}
 
 
 @pytest.mark.parametrize('line', _commands())
@@ -157,7 +159,7 @@ def test_command(line, placeholders):
     elif words[0] == 'mmnan' and words[1] == 'demo':
         assert osp.isfile(osp.join(ROOT, 'tests', 'cli', 'test_demo.py'))
     elif words[0] == 'mmnan':
-        if words[1] == 'scan':
+        if words[1] in ('scan', 'doctor'):
             pytest.importorskip('mmdet')
         args = [placeholders.get(w, w) for w in words[1:]]
         result = mmnan(*args)

@@ -1,8 +1,9 @@
-"""The ``mmnan`` command: ``replay``, ``inspect``, ``scan``, ``demo``.
+"""The ``mmnan`` command: ``replay``, ``inspect``, ``scan``, ``doctor``,
+``demo``.
 
 * :mod:`._main`: the argument parser and the exit codes.
 * :mod:`._replay`: offline replay of a bundle.
-* :mod:`._scan`: the pre-flight scan of a config's dataset.
+* ``scan``, ``doctor``: :mod:`mmnanhook.doctor`.
 * ``demo``: :mod:`mmnanhook.demo`.
 """
 from ._main import build_parser, main, run

@@ -1,7 +1,7 @@
 """The ``mmnan`` command line (also ``python -m mmnanhook``).
 
 Exit codes: 0 success (``replay``: the failure reproduced), 1 ``scan`` found
-bad samples, 2 bad input (one line on stderr, no traceback), 3 ``replay``
+bad samples or ``doctor`` found anything, 2 bad input (one line on stderr, no traceback), 3 ``replay``
 came out finite.
 """
 import argparse
@@ -103,11 +103,11 @@ def _bad_input(command, error):
 
 
 def _scan(args):
-    from ._scan import ScanError, scan_config
+    from ..doctor import DatasetError, scan_config
     try:
         total, bad, shown = scan_config(
             args.config, progress=not args.no_progress, show=args.show)
-    except ScanError as error:
+    except DatasetError as error:
         return _bad_input('scan', error)
     for item in bad:
         print('sample {} {}:'.format(item.index, item.img_path))
@@ -131,6 +131,76 @@ def _scan(args):
               "run with NanDetectHook(quarantine='{}'))".format(
                   len(bad), args.quarantine, args.quarantine))
     return EXIT_FOUND if bad else EXIT_OK
+
+
+def _doctor_lines(report):
+    from ..doctor import INIT_SCALE, NEAR
+    lines = ['config rules: {} finding(s)'.format(len(report.config))]
+    lines.extend('  - ' + f.line() for f in report.config)
+    if report.scanned is not None:
+        lines.append('dataset: {} of {} samples with problems'.format(
+            len(report.samples), report.scanned))
+        for item in report.samples:
+            lines.append('  sample {} {}:'.format(item.index, item.img_path))
+            lines.extend('    ' + p.text for p in item.problems)
+    lines.append('fp16 headroom: {} module(s) over or within {:g}x of '
+                 "fp16's range".format(len(report.ranges), NEAR))
+    lines.extend('  - {} {}'.format(r.verdict(report.loss_scale),
+                                    r.line(report.loss_scale))
+                 for r in report.ranges)
+    if report.backoff is not None:
+        lines.append(
+            '  (info) a dynamic GradScaler halves its initial scale {:g} {} '
+            'time(s), skipping as many steps, for {}\'s gradient; '
+            'normal'.format(INIT_SCALE, report.backoff[1],
+                            report.backoff[0]))
+    if report.confirmed is not None:
+        name, overflowed = report.confirmed
+        lines.append('  fp16 autocast on the CPU: {} {}'.format(
+            name, 'overflows (confirmed)' if overflowed else
+            'stays finite (not confirmed)'))
+    lines.extend('note: ' + n for n in report.notes)
+    return lines
+
+
+def _doctor_html(report, config):
+    from html import escape
+
+    from ..report import config_section, page
+    body = [config_section(report.config)]
+    samples = ''.join('<li><code>{}</code>: {}</li>'.format(
+        escape(str(s.img_path)), escape('; '.join(p.text for p in s.problems)))
+        for s in report.samples)
+    if report.scanned is not None:
+        body.append('<h2>Dataset</h2><p>{} of {} samples with problems</p>'
+                    '<ul>{}</ul>'.format(len(report.samples), report.scanned,
+                                         samples))
+    body.append('<h2>fp16 headroom</h2><ul>{}</ul>'.format(''.join(
+        '<li class="bad">{} {}</li>'.format(
+            escape(r.verdict(report.loss_scale)),
+            escape(r.line(report.loss_scale))) for r in report.ranges)))
+    return page('mmnan doctor: ' + config, body)
+
+
+def _doctor(args):
+    from ..doctor import DatasetError, run_doctor
+    try:
+        report = run_doctor(args.config, world_size=args.world_size,
+                            data=not args.no_data,
+                            headroom_iters=args.headroom_iters)
+    except DatasetError as error:
+        return _bad_input('doctor', error)
+    for line in _doctor_lines(report):
+        print(line)
+    if args.html:
+        try:
+            with open(args.html, 'w') as f:
+                f.write(_doctor_html(report, args.config))
+        except OSError as error:
+            return _bad_input('doctor', 'cannot write {}: {}'.format(
+                args.html, error.strerror or error))
+        print('html: ' + args.html)
+    return EXIT_FOUND if report.found else EXIT_OK
 
 
 def _demo(args):
@@ -196,6 +266,23 @@ def build_parser():
                    help='write the flagged samples as a quarantine list '
                    "(NanDetectHook(quarantine=OUT) never loads them)")
     p.set_defaults(func=_scan)
+
+    p = sub.add_parser('doctor', help='before the run: the config rules, '
+                       'the dataset and the fp16 headroom of a config (exit '
+                       '1 when anything is found)')
+    p.add_argument('config')
+    p.add_argument('--world-size', type=int, default=None,
+                   help='GPUs the run will use (default: what the config '
+                   "name says, as 8xb2's 8)")
+    p.add_argument('--no-data', action='store_true',
+                   help='skip the pass over the dataset')
+    p.add_argument('--headroom-iters', type=int, default=2, metavar='N',
+                   help='fp32 iterations measuring the fp16 headroom '
+                   '(0: skip)')
+    p.add_argument('--html', metavar='OUT', default=None,
+                   help="write the findings as a page in report.html's "
+                   'style')
+    p.set_defaults(func=_doctor)
 
     p = sub.add_parser('demo', help='train a tiny detector on a synthetic '
                        'dataset with one planted defect and diagnose it')

@@ -22,8 +22,8 @@ from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       write_bundle)
 from ..records import Report, Trigger
 from ..recovery import drop_unavailable, raised_by_nonfinite, rank_finding
-from ..report import (cross_rank, finalize, format_report, render_html,
-                      sample_pictures)
+from ..report import (cross_rank, explain_by_config, finalize,
+                      format_report, render_html, sample_pictures)
 from ..sentinel import members, restore_rng
 from ._data import angle_range_from_config, annotations, declared_sizes
 from ._composed import trace_parts
@@ -103,7 +103,7 @@ def _sample_files(report, infos):
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     options, divergence=None, start_weight=None,
                     level=logging.ERROR, rewind=False, replays=None,
-                    exchange=None):
+                    exchange=None, config_findings=()):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -132,6 +132,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         exchange (Exchange, optional): Under DDP, gathers every rank's
             finding once the diagnosis is done: the report then names the
             culprit rank and sample, on every rank.
+        config_findings (list[ConfigFinding]): What the config rules found
+            at ``before_train``: in the report, a hint for each that
+            explains this trigger.
 
     Returns:
         Incident: The bundle, the report, the pictures, the time.
@@ -191,6 +194,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             and event.rank in event.bad_ranks and not raised_by_nonfinite(
                 report))),
             event.rank)
+    explain_by_config(report, config_findings)
     text = format_report(report)
     log(text, level)
     path = None

@@ -11,10 +11,12 @@ one-line summary, its hints and its text.
 * :mod:`._windows`: a spoilt micro-step's values out of the log windows.
 * :mod:`._ranks`: under DDP, the culprit rank and sample in every rank's
   report.
+* :mod:`._config`: the config's findings (``mmnan doctor``) in a report.
 """
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
+from ._config import explain_by_config, explains
 from ._hints import keyed_hints
-from ._html import render_html
+from ._html import config_section, page, render_html
 from ._ranks import cross_rank
 from ._pictures import (Picture, finding_pictures, pipeline_image, report_card,
                         sample_pictures)
@@ -45,8 +47,9 @@ def finalize(report):
 
 
 __all__ = [
-    'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'cross_rank', 'finalize',
+    'FORMAT_VERSION', 'KINDS', 'Picture', 'Report', 'config_section',
+    'cross_rank', 'explain_by_config', 'explains', 'finalize',
     'finding_pictures', 'forget_nonfinite', 'format_report', 'keyed_hints',
-    'new_report', 'pipeline_image', 'render_html', 'report_card',
+    'new_report', 'page', 'pipeline_image', 'render_html', 'report_card',
     'sample_pictures', 'summarize', 'to_visualizer'
 ]

@@ -180,6 +180,39 @@ def _fixes(report):
             '{}</table>'.format(''.join(rows)))
 
 
+def config_section(findings):
+    """The config findings (``mmnan doctor``'s rules) as a page section;
+    ``''`` when there are none.
+
+    Args:
+        findings (list[ConfigFinding]): The findings.
+    """
+    if not findings:
+        return ''
+    return ('<h2 id="config">Config findings (mmnan doctor)</h2><table>'
+            '<tr><th>rule</th><th>where</th><th>what</th><th>seen in</th>'
+            '<th>fix</th></tr>{}</table>').format(''.join(
+                '<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}'
+                '</td><td><code>{}</code></td></tr>'.format(
+                    _e(f.rule), _e(f.where), _e(f.what), _e(f.why),
+                    _e(f.fix)) for f in findings))
+
+
+def page(title, body):
+    """A self-contained page in ``report.html``'s style.
+
+    Args:
+        title (str): Its title and heading.
+        body (list[str]): Its sections, HTML.
+    """
+    return '\n'.join(
+        ['<!DOCTYPE html><html><head><meta charset="utf-8">',
+         '<title>{}</title><style>{}</style></head><body>'.format(
+             _e(title), _STYLE),
+         '<h1>{}</h1>'.format(_e(title))] + [b for b in body if b]
+        + ['</body></html>'])
+
+
 def render_html(report, manifest, pictures=(), history_png=None):
     """The page.
 
@@ -195,10 +228,6 @@ def render_html(report, manifest, pictures=(), history_png=None):
     kind = report.kind.value if report.kind is not None else 'unknown'
     title = 'mmnanhook: {} at iter {}'.format(kind, manifest.get('iter'))
     parts = [
-        '<!DOCTYPE html><html><head><meta charset="utf-8">',
-        '<title>{}</title><style>{}</style></head><body>'.format(
-            _e(title), _STYLE),
-        '<h1>{}</h1>'.format(_e(title)),
         '<p><span class="kind">{}</span> trigger <code>{}</code>, rank {} '
         'of {}, epoch {}</p>'.format(
             _e(kind), _e(manifest.get('trigger')), _e(manifest.get('rank')),
@@ -217,6 +246,7 @@ def render_html(report, manifest, pictures=(), history_png=None):
     if report.notes:
         parts.append('<h2>Notes</h2><ul>{}</ul>'.format(''.join(
             '<li>{}</li>'.format(_e(n)) for n in report.notes)))
+    parts.append(config_section(report.config_findings))
     if manifest.get('message'):
         parts.append('<h2>Message</h2><pre>{}</pre>'.format(
             _e(manifest['message'])))
@@ -228,5 +258,4 @@ def render_html(report, manifest, pictures=(), history_png=None):
         parts.append('<h2>Versions</h2><table>{}</table>'.format(''.join(
             '<tr><th>{}</th><td>{}</td></tr>'.format(_e(k), _e(v))
             for k, v in sorted(versions.items()))))
-    parts.append('</body></html>')
-    return '\n'.join(p for p in parts if p)
+    return page(title, parts)

@@ -109,6 +109,9 @@ def format_report(report):
     if report.notes:
         lines.append('notes:')
         lines.extend('  - ' + note for note in report.notes)
+    if report.config_findings:
+        lines.append('config findings (mmnan doctor, at before_train):')
+        lines.extend('  - ' + f.line() for f in report.config_findings)
     if report.traceback:
         lines.append('traceback:')
         lines.extend('  ' + line

@@ -1,0 +1,25 @@
+"""Catch it before the run: ``mmnan doctor`` and the hook's ``before_train``.
+
+* :mod:`._rules`: config rules (data-free): an IoU-type box loss on encoded
+  deltas, the LR not scaled to the real batch, a static AMP loss scale, an
+  unclamped Gaussian-distance loss.
+* :mod:`._dataset`: every sample through the train pipeline, checked as the
+  loss will see it (``mmnan scan``): GT boxes, declared sizes, labels,
+  segmentation maps.
+* :mod:`._headroom`: fp16 headroom of every module from a few fp32
+  iterations.
+* :mod:`._doctor`: the three in one report; the rules at a run's start.
+"""
+from ._dataset import DatasetContext, DatasetError, scan_config
+from ._doctor import DoctorReport, check_run_config, run_doctor
+from ._headroom import (FP16_MAX, INIT_SCALE, NEAR, ModuleRange,
+                        RangeRecorder, confirm_overflow, cpu_fp16_autocast,
+                        measure)
+from ._rules import RULES, RuleContext, config_findings
+
+__all__ = [
+    'DatasetContext', 'DatasetError', 'DoctorReport', 'FP16_MAX',
+    'INIT_SCALE', 'ModuleRange', 'NEAR', 'RULES', 'RangeRecorder',
+    'RuleContext', 'check_run_config', 'config_findings', 'confirm_overflow',
+    'cpu_fp16_autocast', 'measure', 'run_doctor', 'scan_config'
+]
