@@ -147,6 +147,9 @@ _OK = {'replay': (0, ), 'inspect': (0, ), 'scan': (0, 1),
        'doctor': (0, 1)}
 
 
+# A training and fresh processes: in make test on the DOTA leg, whose share
+# of the everyday tier has room; on the modern leg in make test-zoo.
+@pytest.mark.everyday_leg('dota')
 @pytest.mark.parametrize('line', _commands())
 def test_command(line, placeholders):
     words = shlex.split(line)

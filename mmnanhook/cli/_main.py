@@ -1,8 +1,8 @@
 """The ``mmnan`` command line (also ``python -m mmnanhook``).
 
 Exit codes: 0 success (``replay``: the failure reproduced), 1 ``scan`` found
-bad samples or ``doctor`` found anything, 2 bad input (one line on stderr, no traceback), 3 ``replay``
-came out finite.
+bad samples or ``doctor`` found anything, 2 bad input (one line on stderr, no
+traceback), 3 ``replay`` came out finite.
 """
 import argparse
 import json
@@ -102,19 +102,23 @@ def _bad_input(command, error):
     return EXIT_BAD_INPUT
 
 
+def _print_finding(item, paths=()):
+    print('sample {} {}:'.format(item.index, item.img_path))
+    for problem in item.problems:
+        print('    ' + problem.text)
+    for path in paths:
+        print('    picture: ' + path)
+    sys.stdout.flush()
+
+
 def _scan(args):
     from ..doctor import DatasetError, scan_config
     try:
-        total, bad, shown = scan_config(
-            args.config, progress=not args.no_progress, show=args.show)
+        total, bad, _ = scan_config(
+            args.config, progress=not args.no_progress, show=args.show,
+            workers=args.workers, on_finding=_print_finding)
     except DatasetError as error:
         return _bad_input('scan', error)
-    for item in bad:
-        print('sample {} {}:'.format(item.index, item.img_path))
-        for problem in item.problems:
-            print('    ' + problem.text)
-        for path in shown.get(item.index, ()):
-            print('    picture: ' + path)
     print('scanned {} samples: {} with invalid ground truth'.format(
         total, len(bad)))
     if args.quarantine:
@@ -135,7 +139,7 @@ def _scan(args):
 
 def _doctor_lines(report):
     from ..doctor import INIT_SCALE, NEAR
-    lines = ['config rules: {} finding(s)'.format(len(report.config))]
+    lines = ['config: {} finding(s)'.format(len(report.config))]
     lines.extend('  - ' + f.line() for f in report.config)
     if report.scanned is not None:
         lines.append('dataset: {} of {} samples with problems'.format(
@@ -187,7 +191,8 @@ def _doctor(args):
     try:
         report = run_doctor(args.config, world_size=args.world_size,
                             data=not args.no_data,
-                            headroom_iters=args.headroom_iters)
+                            headroom_iters=args.headroom_iters,
+                            workers=args.workers)
     except DatasetError as error:
         return _bad_input('doctor', error)
     for line in _doctor_lines(report):
@@ -260,6 +265,9 @@ def build_parser():
                        'when any)')
     p.add_argument('config')
     p.add_argument('--no-progress', action='store_true')
+    p.add_argument('--workers', type=int, default=1, metavar='N',
+                   help='processes checking samples at once (default 1); '
+                   'findings are printed as they are found')
     p.add_argument('--show', metavar='DIR', default=None,
                    help='write pictures of every flagged sample into DIR')
     p.add_argument('--quarantine', metavar='OUT', default=None,
@@ -276,6 +284,8 @@ def build_parser():
                    "name says, as 8xb2's 8)")
     p.add_argument('--no-data', action='store_true',
                    help='skip the pass over the dataset')
+    p.add_argument('--workers', type=int, default=1, metavar='N',
+                   help='processes of the dataset pass (default 1)')
     p.add_argument('--headroom-iters', type=int, default=2, metavar='N',
                    help='fp32 iterations measuring the fp16 headroom '
                    '(0: skip)')

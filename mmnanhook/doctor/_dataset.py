@@ -8,8 +8,10 @@ raises; labels outside ``[0, num_classes)``; segmentation maps whose values
 are neither a class nor the ignore index (0/255 binary masks), and maps that
 are all ignore under ``avg_non_ignore`` (a mean over no pixel).
 """
+import multiprocessing
 import os
 import os.path as osp
+import sys
 
 from .._format import one_line
 from ..diagnosis import (angle_range_from_config, annotation_of, check_batch,
@@ -203,17 +205,82 @@ def show_sample(directory, dataset, finding, item):
     return paths
 
 
-def scan_config(config_path, progress=True, show=None):
+# What the worker processes check: set before they fork, so that they
+# inherit the dataset instead of unpickling it; ``None`` otherwise.
+_WORK = None
+# Samples a worker checks per task: large enough to pay for the round trip,
+# small enough that findings come out as they are found.
+CHUNK = 16
+
+
+def _check_chunk(indices):
+    dataset, context, show = _WORK
+    found = []
+    for index in indices:
+        result, item = check_sample(dataset, index, context)
+        if result.problems:
+            paths = show_sample(show, dataset, result, item) if show else []
+            found.append((result, paths))
+    return len(indices), found
+
+
+def _quiet_worker():
+    import torch
+    # One thread a worker: the workers are the parallelism.
+    torch.set_num_threads(1)
+
+
+def check_dataset(dataset, context, show=None, workers=1):
+    """Check every sample, in index order, yielding as each chunk is done.
+
+    Args:
+        dataset: The train dataset.
+        context (DatasetContext): What the checks need of the config.
+        show (str, optional): Directory for the flagged samples' pictures.
+        workers (int): Processes checking chunks at once (forked, so they
+            share the dataset as built; 1: this process alone).
+
+    Yields:
+        tuple[int, list]: Samples checked, and ``(SampleFinding, picture
+        paths)`` of the flagged ones among them.
+    """
+    global _WORK
+    chunks = [range(i, min(i + CHUNK, len(dataset)))
+              for i in range(0, len(dataset), CHUNK)]
+    _WORK = (dataset, context, show)
+    try:
+        forks = 'fork' in multiprocessing.get_all_start_methods()
+        if workers <= 1 or not forks:
+            for chunk in chunks:
+                yield _check_chunk(chunk)
+            return
+        pool = multiprocessing.get_context('fork').Pool(
+            workers, initializer=_quiet_worker)
+        try:
+            for done in pool.imap(_check_chunk, chunks):
+                yield done
+        finally:
+            pool.terminate()
+            pool.join()
+    finally:
+        _WORK = None
+
+
+def scan_config(config_path, progress=True, show=None, workers=1,
+                on_finding=None):
     """Check every sample of a config's training dataset.
 
     Args:
         config_path (str): An mmengine config file (``custom_imports`` and
             ``_base_`` are honoured).
-        progress (bool): Show a progress bar.
+        progress (bool): Show a progress bar (on stderr).
         show (str, optional): A directory to write each bad sample's
             pictures into (``sample<index>_input.png``: the pipeline's output
             with its GT boxes, the offending ones in red;
             ``sample<index>_file.png``: the file with the annotation's boxes).
+        workers (int): Processes checking samples at once.
+        on_finding (callable, optional): Called with ``(SampleFinding,
+            picture paths)`` as each bad sample is found, in index order.
 
     Returns:
         tuple[int, list[SampleFinding], dict]: The number of samples
@@ -226,7 +293,7 @@ def scan_config(config_path, progress=True, show=None):
         DatasetError: The config cannot be loaded, its train dataset cannot
             be built or ``show`` cannot be written; the message is one line.
     """
-    from mmengine.utils import track_iter_progress
+    from mmengine.utils import ProgressBar
 
     dataset, context = build_dataset(load_config(config_path), config_path)
     if show is not None:
@@ -235,14 +302,15 @@ def scan_config(config_path, progress=True, show=None):
         except OSError as error:
             raise DatasetError('cannot write pictures into {}: {}'.format(
                 show, error.strerror or error))
-    indices = range(len(dataset))
-    if progress:
-        indices = track_iter_progress(list(indices))
+    bar = ProgressBar(len(dataset), file=sys.stderr) if progress else None
     bad, shown = [], {}
-    for index in indices:
-        result, item = check_sample(dataset, index, context)
-        if result.problems:
+    for checked, found in check_dataset(dataset, context, show, workers):
+        for result, paths in found:
             bad.append(result)
             if show is not None:
-                shown[index] = show_sample(show, dataset, result, item)
+                shown[result.index] = paths
+            if on_finding is not None:
+                on_finding(result, paths)
+        for _ in range(checked if bar is not None else 0):
+            bar.update()
     return len(dataset), bad, shown

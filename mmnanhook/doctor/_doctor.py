@@ -3,7 +3,8 @@ headroom of one config, in one report; and the rules at a run's start."""
 import logging
 
 from .._log import log
-from ._dataset import build_dataset, check_sample, load_config
+from ..records import ConfigFinding, ProblemCategory
+from ._dataset import build_dataset, check_dataset, load_config
 from ._headroom import (FP16_MAX, confirm_overflow, cpu_fp16_autocast,
                         measure)
 from ._rules import config_findings
@@ -46,6 +47,34 @@ class DoctorReport(object):
     def found(self):
         """Whether anything was found (``mmnan doctor`` exits 1)."""
         return bool(self.config or self.samples or self.ranges)
+
+
+def unfiltered_boxes(cfg, samples):
+    """A finding when degenerate GT boxes reach the loss and the train
+    pipeline has no ``FilterAnnotations`` (the data's and the config's
+    fault together).
+
+    Args:
+        cfg (mmengine.Config): The config.
+        samples (list[SampleFinding]): The dataset pass's flagged samples.
+
+    Returns:
+        list[ConfigFinding]: One finding, or none.
+    """
+    degenerate = [s for s in samples
+                  if ProblemCategory.DEGENERATE in s.categories]
+    loader = cfg.get('train_dataloader') or {}
+    if not degenerate or 'FilterAnnotations' in str(loader):
+        return []
+    return [ConfigFinding(
+        'degenerate_boxes_unfiltered', 'train_dataloader.dataset.pipeline',
+        '{} sample(s) with zero-size GT boxes reach the loss (first: {}) and '
+        'the train pipeline has no FilterAnnotations'.format(
+            len(degenerate), degenerate[0].img_path),
+        'the mmdet FAQ "Loss goes Nan", mmrotate #759 (PR #760)',
+        "dict(type='FilterAnnotations', min_gt_bbox_wh=(0.01, 0.01)) in "
+        'the train pipeline before Pack*Inputs, after every resize '
+        "(mmrotate: type='mmdet.FilterAnnotations')")]
 
 
 def check_run_config(runner, mode):
@@ -125,7 +154,8 @@ def _headroom(cfg, iters, report):
             model, batches[0], over[0].name))
 
 
-def run_doctor(config_path, world_size=None, data=True, headroom_iters=2):
+def run_doctor(config_path, world_size=None, data=True, headroom_iters=2,
+               workers=1):
     """Check one config: rules, dataset, fp16 headroom.
 
     Args:
@@ -134,6 +164,7 @@ def run_doctor(config_path, world_size=None, data=True, headroom_iters=2):
             else the config's name says it (``8xb2``) or the rule is silent.
         data (bool): Run the dataset pass.
         headroom_iters (int): fp32 iterations for the headroom; 0: none.
+        workers (int): Processes of the dataset pass.
 
     Returns:
         DoctorReport: What was found.
@@ -149,10 +180,9 @@ def run_doctor(config_path, world_size=None, data=True, headroom_iters=2):
     if data:
         dataset, context = build_dataset(cfg, config_path)
         report.scanned = len(dataset)
-        for index in range(len(dataset)):
-            finding, _ = check_sample(dataset, index, context)
-            if finding.problems:
-                report.samples.append(finding)
+        for _, found in check_dataset(dataset, context, workers=workers):
+            report.samples.extend(finding for finding, _ in found)
+        report.config.extend(unfiltered_boxes(cfg, report.samples))
     if headroom_iters:
         try:
             _headroom(cfg, headroom_iters, report)

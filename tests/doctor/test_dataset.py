@@ -84,3 +84,25 @@ def test_all_ignore_maps_under_avg_non_ignore(tmp_path):
     _, bad, _ = scan_config(str(tmp_path / 'avg.py'), progress=False)
     assert len(bad) == 4
     assert _categories(bad) == [ProblemCategory.ALL_IGNORE]
+
+
+@pytest.mark.mmdet
+def test_workers_find_the_same_samples_and_stream_them_in_order(tmp_path):
+    data = testbed.make_dataset(
+        'retinanet_voc', str(tmp_path / 'data'), num_images=40,
+        defects={3: 'zero_size', 17: 'outside', 38: 'zero_size'})
+    cfg = testbed.tiny_config('retinanet_voc', data, str(tmp_path / 'run'))
+    cfg.dump(str(tmp_path / 'config.py'))
+    runs = {}
+    for workers in (1, 2):
+        streamed = []
+        total, bad, _ = scan_config(
+            str(tmp_path / 'config.py'), progress=False, workers=workers,
+            on_finding=lambda finding, paths: streamed.append(finding.index))
+        assert total == 40 and streamed == [b.index for b in bad]
+        # Categories, not texts: the pipeline's RandomFlip moves a box.
+        runs[workers] = [(b.index, b.img_path, sorted(map(str, b.categories)))
+                         for b in bad]
+    assert runs[2] == runs[1]
+    assert [index for index, _, _ in runs[1]] == sorted(
+        index for index, _, _ in runs[1]) and len(runs[1]) == 3

@@ -7,6 +7,10 @@ from mmengine.runner import Runner
 from mmnanhook import NonFiniteError
 from mmnan_testing import testbed
 
+# Three trainings: in make test on the DOTA leg, whose share of the everyday
+# tier has room; on the modern leg in make test-zoo.
+pytestmark = pytest.mark.everyday_leg('dota')
+
 # GIoU on RetinaNet's encoded deltas (reg_decoded_bbox=False), and an image
 # with a zero-width box: its target delta is log(0), the loss non-finite.
 GIOU = {'model.bbox_head.loss_bbox': dict(type='GIoULoss', loss_weight=2.0)}
