@@ -17,6 +17,7 @@ from .._format import one_line
 from ..diagnosis import (angle_range_from_config, annotation_of, check_batch,
                          declared_size)
 from ..records import DataProblem, ProblemCategory, SampleFinding
+from ._rules import config_dicts
 
 # mmseg's default ignore index.
 IGNORE_INDEX = 255
@@ -25,17 +26,6 @@ IGNORE_INDEX = 255
 class DatasetError(Exception):
     """The config cannot be loaded or its train dataset cannot be built."""
 
-
-def _dicts(node):
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            for found in _dicts(value):
-                yield found
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            for found in _dicts(value):
-                yield found
 
 
 class DatasetContext(object):
@@ -65,14 +55,15 @@ class DatasetContext(object):
             cfg (mmengine.Config): The config.
         """
         model = cfg.get('model') or {}
-        counts = [d['num_classes'] for d in _dicts(model)
+        nodes = [node for _, node in config_dicts(model)]
+        counts = [d['num_classes'] for d in nodes
                   if isinstance(d.get('num_classes'), int)]
-        ignores = [d['ignore_index'] for d in _dicts(model)
+        ignores = [d['ignore_index'] for d in nodes
                    if isinstance(d.get('ignore_index'), int)]
         return cls(angle_range_from_config(cfg),
                    max(counts) if counts else None,
                    ignores[0] if ignores else IGNORE_INDEX,
-                   any(d.get('avg_non_ignore') for d in _dicts(model)))
+                   any(d.get('avg_non_ignore') for d in nodes))
 
 
 def load_config(config_path, doing='build the train dataset of'):

@@ -42,17 +42,17 @@ def _base(type_name):
     return type_name.rsplit('.', 1)[-1]
 
 
-def _dicts(node, path=''):
+def config_dicts(node, path=''):
     """Every dict of a config with its dotted path, depth first."""
     if isinstance(node, dict):
         yield path, node
         for key, value in node.items():
-            for found in _dicts(value, '%s.%s' % (path, key) if path else
-                                str(key)):
+            for found in config_dicts(value, '%s.%s' % (path, key) if path
+                                      else str(key)):
                 yield found
     elif isinstance(node, (list, tuple)):
         for i, value in enumerate(node):
-            for found in _dicts(value, '%s.%d' % (path, i)):
+            for found in config_dicts(value, '%s.%d' % (path, i)):
                 yield found
 
 
@@ -116,7 +116,7 @@ def _decodes_by_default(cls):
 
 def iou_loss_on_deltas(cfg, context):
     """An IoU-type ``loss_bbox`` in a head that regresses encoded deltas."""
-    for path, head in _dicts(cfg):
+    for path, head in config_dicts(cfg):
         loss = head.get('loss_bbox')
         if not (isinstance(loss, dict) and _base(loss.get('type'))
                 in IOU_LOSSES and 'type' in head):
@@ -191,7 +191,7 @@ def lr_not_scaled(cfg, context):
 
 def static_loss_scale(cfg, context):
     """An AMP optim wrapper with a fixed loss scale."""
-    for path, wrapper in _dicts(cfg):
+    for path, wrapper in config_dicts(cfg):
         scale = wrapper.get('loss_scale')
         if (_base(wrapper.get('type', '')) in AMP_WRAPPERS
                 and isinstance(scale, (int, float))
@@ -207,7 +207,7 @@ def static_loss_scale(cfg, context):
 
 def unclamped_gaussian_loss(cfg, context):
     """An mmrotate Gaussian-distance loss without clamping."""
-    for path, node in _dicts(cfg):
+    for path, node in config_dicts(cfg):
         name = _base(node.get('type', '')) if 'type' in node else None
         if name in UNCLAMPED_GAUSSIAN:
             why, fix = UNCLAMPED_GAUSSIAN[name]
