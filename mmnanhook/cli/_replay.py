@@ -11,7 +11,8 @@ from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
 from ..diagnosis import (angle_range_from_config, apply_divergence,
                          declared_sizes, diagnose, train_pipeline)
 from ..errors import BundleError
-from ..report import finalize
+from ..records import Report
+from ..report import explain_by_config, finalize
 from ..sentinel import restore_rng
 
 
@@ -114,4 +115,7 @@ def replay_bundle(path, device='cpu', fp32=False):
     if apply_divergence(report, bundle.manifest.get('divergence'),
                         bundle.manifest.get('rewind')):
         finalize(report)
+    # The run's config findings are facts of its before_train, kept in
+    # report.json: the replay explains by them as the run did.
+    explain_by_config(report, Report.from_dict(bundle.report).config_findings)
     return bundle, report

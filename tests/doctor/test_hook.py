@@ -6,6 +6,7 @@ from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError
 from mmnan_testing import testbed
+from mmnan_testing.cli import assert_same_report, replay_json, run_report
 
 # Three trainings: in make test on the DOTA leg, whose share of the everyday
 # tier has room; on the modern leg in make test-zoo.
@@ -48,6 +49,10 @@ def test_a_finding_is_logged_and_explains_the_trigger(tmp_path):
     assert any(h.startswith('The config may explain it') and
                'reg_decoded_bbox=True' in h for h in report['hints']), \
         report['hints']
+    # mmnan replay explains by the run's findings as the run did.
+    code, replayed = replay_json(caught.value.bundle)
+    assert code == 0
+    assert_same_report(replayed, run_report(caught.value.bundle))
 
 
 @pytest.mark.mmdet
