@@ -41,8 +41,10 @@ extra_wheels() {
 # (through the `_base_` snippet's runner_type), a planted fault caught and
 # diagnosed, 'skip' (zoo and bitwise), the snippet forms merging and the
 # config forms a user writes (dotted type, custom_imports) in a fresh process,
-# the scheduler binding and the bypass guard, and recovery under DDP (the toy
-# scenarios: one decision, drop on every rank, SyncBN replays kept local).
+# the scheduler binding and the bypass guard, recovery under DDP (the toy
+# scenarios: one decision, drop on every rank, SyncBN replays kept local), the
+# documented config snippets (`mmnanhook::` and `mmdet::` bases included) and
+# the doctor's config rules, alone and in the hook.
 subset() {
     local zoo_name
     case $1 in
@@ -57,6 +59,9 @@ subset() {
     echo "tests/sentinel/test_toy_runner.py::test_skip_leaves_parameters_and_optimizer_state_bitwise"
     echo "tests/test_config_forms.py"
     echo "tests/sentinel/test_ddp.py"
+    echo "tests/test_docs.py::test_config_snippet_loads_and_builds_the_hook"
+    echo "tests/doctor/test_rules.py"
+    echo "tests/doctor/test_hook.py"
 }
 
 # overlay LEG VERSION: prints the overlay directory, (re)building it when its

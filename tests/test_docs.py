@@ -16,7 +16,14 @@ would use it.
   tests/test_versions.py).
 * ``text``: output and pictures; the README's demo output is compared with a
   real demo's in tests/cli/test_demo.py.
+
+Inline code in the prose, too: every ``make`` target named exists; every
+``mmnan`` usage names the parser's commands and options; every pytest, script
+and benchmark command names files, tests, flags and variables that exist;
+every config line (``dict(type='NanDetectHook')``, ``runner_type = ...``,
+``custom_imports = ...``, a pipeline step) is built.
 """
+import argparse
 import glob
 import importlib
 import json
@@ -180,3 +187,112 @@ def test_command(line, placeholders):
         assert words[1] in ('build', 'run'), line
     else:
         raise AssertionError('a command no test runs: %s' % line)
+
+
+# -- inline code in the prose ------------------------------------------------
+
+_SPAN = re.compile(r'(?<!`)`([^`\n]+)`(?!`)')
+
+
+def _spans():
+    """Every inline code span of the pages' prose (fenced blocks left
+    out): ``(page, text)``."""
+    found = []
+    for page in PAGES:
+        with open(osp.join(ROOT, page)) as f:
+            prose = _FENCE.sub('', f.read())
+        found.extend((page, m.group(1)) for m in _SPAN.finditer(prose))
+    return found
+
+
+SPANS = _spans()
+
+
+def _spans_like(pattern):
+    return sorted(set(pytest.param(text, id='%s: %s' % (page, text))
+                      for page, text in SPANS if re.match(pattern, text)),
+                  key=lambda p: p.id)
+
+
+def test_every_make_target_named_in_the_prose_exists():
+    named = set(text.split()[1] for _, text in SPANS
+                if re.match(r'make [\w-]+$', text))
+    assert named and named <= _makefile_targets(), named - \
+        _makefile_targets()
+
+
+def _subcommands():
+    from mmnanhook.cli import build_parser
+    parser = build_parser()
+    action = next(a for a in parser._actions
+                  if isinstance(a, argparse._SubParsersAction))
+    return parser, action.choices
+
+
+@pytest.mark.parametrize('text', _spans_like(r'mmnan (-|[a-z])'))
+def test_every_mmnan_usage_in_the_prose_is_the_parser_s(text):
+    parser, commands = _subcommands()
+    words = text.split()
+    if words[1].startswith('--'):
+        options = parser._option_string_actions
+    else:
+        # `mmnan replay / inspect / scan`: each named command exists.
+        named = [w for w in words[1:] if re.match(r'[a-z]+$', w)]
+        assert named and set(named) <= set(commands), text
+        options = commands[words[1]]._option_string_actions
+    flags = re.findall(r'(?<![\w-])(--[a-z][\w-]*)', text)
+    assert set(flags) <= set(options), (text, sorted(options))
+
+
+@pytest.mark.parametrize('text', _spans_like(r'\.venv/bin/python -m pytest '))
+def test_every_pytest_command_in_the_prose_names_real_tests(text):
+    words = text.split()
+    path = osp.join(ROOT, words[3])
+    with open(path) as f:
+        source = f.read()
+    if '-k' in words:
+        pattern = words[words.index('-k') + 1]
+        assert re.search(r'def test_\w*%s' % pattern, source), text
+
+
+@pytest.mark.parametrize('text', _spans_like(
+    r'(\w+=\S+ )?(scripts|benchmarks)/\S+'))
+def test_every_script_in_the_prose_exists_with_what_it_is_given(text):
+    words = text.split()
+    env = [w.split('=')[0] for w in words if re.match(r'[A-Z_]+=', w)]
+    script = next(w for w in words if '/' in w)
+    with open(osp.join(ROOT, script)) as f:
+        source = f.read()
+    for name in env:
+        assert name in source, text
+    for flag in re.findall(r'--[a-z][\w-]*', text):
+        assert flag in source, text
+
+
+@pytest.mark.parametrize('text', _spans_like(
+    r"(\w+ = )?\[?dict\(type='(mmnanhook\.)?NanDetect|"
+    r"(runner_type|custom_imports) = "))
+def test_every_config_line_in_the_prose_builds(text):
+    from mmengine.config import Config
+    from mmengine.registry import HOOKS, RUNNERS
+
+    from mmnanhook import NanDetectHook, NanDetectRunner
+    source = text if '=' in text.split('(')[0] else 'value = ' + text
+    cfg = Config.fromstring(source + '\n', '.py')
+    for key, value in cfg.items():
+        if key == 'runner_type':
+            assert RUNNERS.get(value) is NanDetectRunner
+        elif key == 'custom_imports':
+            assert value['imports'] == ['mmnanhook']
+        else:
+            for hook in value if isinstance(value, list) else [value]:
+                assert isinstance(HOOKS.build(hook), NanDetectHook), text
+
+
+@pytest.mark.mmdet
+@pytest.mark.parametrize('text',
+                         _spans_like(r"dict\(type='FilterAnnotations'"))
+def test_every_pipeline_step_in_the_prose_builds(text):
+    from mmengine.registry import TRANSFORMS, init_default_scope
+    init_default_scope('mmdet')
+    assert TRANSFORMS.build(eval(text)) is not None
