@@ -6,9 +6,11 @@ hands another, and ``report.json``'s schema, which reads them all back.
 Tier 1 builds a :class:`NonFiniteEvent` per trigger; tier 2 replays
 (:class:`ReplayResult`), checks the batch (:class:`SampleFinding` with its
 :class:`DataProblem` s), replays each fix (:class:`Fix`) and writes a
-:class:`Report`, which the bundle renders as ``report.json``. Enum members
-are ``str`` subclasses, so they compare equal to, and serialize as, their
-value (``Trigger.LOSS == 'loss'``).
+:class:`Report`, which the bundle renders as ``report.json``; the config
+rules' :class:`ConfigFinding` s (``mmnan doctor``, the hook's
+``before_train``) travel in it too. Enum members are ``str`` subclasses, so
+they compare equal to, and serialize as, their value
+(``Trigger.LOSS == 'loss'``).
 """
 import copy
 import enum

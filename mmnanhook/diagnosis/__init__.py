@@ -27,16 +27,17 @@ from ._divergence import (apply_divergence, divergence_evidence,
 from ._incident import Incident, default_dump_dir, handle_incident
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
-from ._pipeline import TrainPipeline, train_pipeline
+from ._pipeline import TrainPipeline, filter_advice, train_pipeline
 from ._state_scan import largest_param
+from ._tensors import iter_tensors
 
 __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
     'communicating_modules', 'divergence_evidence', 'declared_size',
-    'evidence_before',
+    'evidence_before', 'filter_advice',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'handle_incident',
-    'Incident',
+    'Incident', 'iter_tensors',
     'largest_param', 'local_replays', 'locate_micro_step', 'split_batch',
     'TrainPipeline', 'train_pipeline'
 ]

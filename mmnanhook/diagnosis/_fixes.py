@@ -17,7 +17,7 @@ from .._format import format_value
 from ..records import Fix, FixKind, ProblemCategory
 from ..recovery import samples_to_drop
 from ._data import check_batch
-from ._pipeline import FILTER_MIN_WH, image_too_large, with_declared_size
+from ._pipeline import filter_advice, image_too_large, with_declared_size
 
 _BOX_FIXED = (ProblemCategory.DEGENERATE, )
 
@@ -172,13 +172,7 @@ def _pipeline_fix(kind, text, findings, session, resampler, make):
 
 
 def _filter_fix(findings, session, resampler):
-    pipeline = resampler.pipeline
-    step = pipeline.filter_step() if pipeline else dict(
-        type='FilterAnnotations', min_gt_bbox_wh=FILTER_MIN_WH)
-    text = ('add `dict(type={!r}, min_gt_bbox_wh={!r})` to the train '
-            'pipeline {}'.format(
-                step['type'], step['min_gt_bbox_wh'],
-                pipeline.where() if pipeline else 'before its packing step'))
+    text = filter_advice(resampler.pipeline)
 
     def make(finding):
         packed = resampler.run(finding.index, with_filter=True)

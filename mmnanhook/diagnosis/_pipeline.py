@@ -144,6 +144,22 @@ class TrainPipeline(object):
             return Compose(copy.deepcopy(steps))(copy.deepcopy(info))
 
 
+def filter_advice(pipeline):
+    """The fix that drops degenerate GT boxes, in words: the
+    ``FilterAnnotations`` step named for the scope, where it goes.
+
+    Args:
+        pipeline (TrainPipeline, optional): The train pipeline (``None``:
+            unknown; the step and its place are then said generically).
+    """
+    step = pipeline.filter_step() if pipeline else dict(
+        type='FilterAnnotations', min_gt_bbox_wh=FILTER_MIN_WH)
+    return ('add `dict(type={!r}, min_gt_bbox_wh={!r})` to the train '
+            'pipeline {}'.format(
+                step['type'], step['min_gt_bbox_wh'],
+                pipeline.where() if pipeline else 'before its packing step'))
+
+
 def train_pipeline(cfg):
     """:meth:`TrainPipeline.from_config`, or ``None`` (said in the log)
     when the config's cannot be read: the fixes that need it stay

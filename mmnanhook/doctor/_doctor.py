@@ -3,6 +3,7 @@ headroom of one config, in one report; and the rules at a run's start."""
 import logging
 
 from .._log import log
+from ..diagnosis import filter_advice, train_pipeline
 from ..records import ConfigFinding, ProblemCategory
 from ._dataset import build_dataset, check_dataset, load_config
 from ._headroom import (FP16_MAX, confirm_overflow, cpu_fp16_autocast,
@@ -52,19 +53,22 @@ class DoctorReport(object):
 def unfiltered_boxes(cfg, samples):
     """A finding when degenerate GT boxes reach the loss and the train
     pipeline has no ``FilterAnnotations`` (the data's and the config's
-    fault together).
+    fault together); the fix is the step the diagnosis's fixes replay,
+    named for the config's scope, at the place they put it.
 
     Args:
         cfg (mmengine.Config): The config.
         samples (list[SampleFinding]): The dataset pass's flagged samples.
 
     Returns:
-        list[ConfigFinding]: One finding, or none.
+        list[ConfigFinding]: One finding, or none (also when the pipeline
+        a sample goes through cannot be told).
     """
     degenerate = [s for s in samples
                   if ProblemCategory.DEGENERATE in s.categories]
     loader = cfg.get('train_dataloader') or {}
-    if not degenerate or 'FilterAnnotations' in str(loader):
+    pipeline = train_pipeline(cfg) if degenerate else None
+    if pipeline is None or 'FilterAnnotations' in str(loader):
         return []
     return [ConfigFinding(
         'degenerate_boxes_unfiltered', 'train_dataloader.dataset.pipeline',
@@ -72,9 +76,7 @@ def unfiltered_boxes(cfg, samples):
         'the train pipeline has no FilterAnnotations'.format(
             len(degenerate), degenerate[0].img_path),
         'the mmdet FAQ "Loss goes Nan", mmrotate #759 (PR #760)',
-        "dict(type='FilterAnnotations', min_gt_bbox_wh=(0.01, 0.01)) in "
-        'the train pipeline before Pack*Inputs, after every resize '
-        "(mmrotate: type='mmdet.FilterAnnotations')")]
+        filter_advice(pipeline))]
 
 
 def check_run_config(runner, mode):

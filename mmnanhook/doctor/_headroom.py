@@ -13,6 +13,8 @@ headroom is fp32's.
 """
 import torch
 
+from ..diagnosis import iter_tensors
+
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 # GradScaler's default init_scale, as mmengine's AmpOptimWrapper('dynamic')
@@ -74,19 +76,6 @@ class ModuleRange(object):
                     scale, FP16_MAX)
 
 
-def _tensors(value):
-    if torch.is_tensor(value):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            for tensor in _tensors(item):
-                yield tensor
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            for tensor in _tensors(item):
-                yield tensor
-
-
 def _largest(tensor):
     if not tensor.is_floating_point() or tensor.numel() == 0:
         return 0.0
@@ -114,7 +103,7 @@ class RangeRecorder(object):
             record.gradient = max(record.gradient, _largest(grad))
 
         def on_forward(module, inputs, output):
-            for tensor in _tensors(output):
+            for tensor in iter_tensors(output):
                 record.activation = max(record.activation, _largest(tensor))
                 if tensor.requires_grad:
                     tensor.register_hook(on_grad)
@@ -188,7 +177,7 @@ def confirm_overflow(model, batch, name):
 
     def on_forward(module, inputs, output):
         seen.extend(not bool(torch.isfinite(t).all())
-                    for t in _tensors(output) if t.is_floating_point())
+                    for t in iter_tensors(output) if t.is_floating_point())
 
     handle = module.register_forward_hook(on_forward)
     try:
