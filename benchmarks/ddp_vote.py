@@ -3,15 +3,16 @@
 Under DDP every backward first waits for the ranks' vote on whether a forward
 raised (``mmnanhook.sentinel.Ranks.before_backward``): one all-reduce of one
 float per rank over gloo, on the host (under NCCL too: a gloo group of its
-own, never a device sync). A collective a train step calls from Python (mmdet's
-``reduce_mean``) is voted before too (``ForwardGuard``); one inside a
-batch norm that shares statistics is only looked at (exempt). This script
-starts ``--ranks`` processes with torch's launcher and times, on each,
-``--votes`` calls one after the other (the median and the 90th percentile,
-after ``--warmup``): a vote, a plain ``dist.barrier()`` and ``all_reduce``
-of one float for scale, and that ``all_reduce`` guarded (voted, exempt).
-Compare with a training iteration: one vote per micro-step, one more per
-collective of the loss.
+own, never a device sync). The first collective a train step calls from
+Python (mmdet's ``reduce_mean``) is voted before too (``ForwardGuard``), the
+others only recorded once a step was; one inside a batch norm that shares
+statistics is only looked at (exempt). This script starts ``--ranks``
+processes with torch's launcher and times, on each, ``--votes`` calls one
+after the other (the median and the 90th percentile, after ``--warmup``): a
+vote, a plain ``dist.barrier()`` and ``all_reduce`` of one float for scale,
+and that ``all_reduce`` guarded (voted: nothing recorded yet; recorded;
+exempt). Compare with a training iteration: one vote per micro-step, one
+more before the first collective of the loss.
 
 Usage::
 
@@ -39,19 +40,22 @@ def _measure(votes, warmup):
         dist.all_reduce(tensor)
 
     def guarded(exempt):
-        # The guard of a train step around a collective of this script's:
-        # voted before (mmdet's reduce_mean), or exempt (a SyncBN's).
+        # The guard of a train step around a collective of this script's
+        # (mmdet's reduce_mean), or exempt (a SyncBN's). In the first step
+        # nothing is recorded: each is voted before.
         guard = ForwardGuard(ranks, ('__main__', ) if exempt else ())
         guard.install()
-        guard.active = True
+        guard.begin(lambda: 0)
 
         def call():
             dist.all_reduce(tensor)
 
-        def remove():
-            guard.remove()
+        def step():
+            # The next step calls what the first recorded.
+            guard.end()
+            guard.begin(lambda: 0)
 
-        return call, remove
+        return call, step, guard.remove
 
     def timed(call):
         for _ in range(warmup):
@@ -65,15 +69,17 @@ def _measure(votes, warmup):
         return dict(median_us=statistics.median(seconds) * 1e6,
                     p90_us=seconds[int(0.9 * len(seconds))] * 1e6)
 
-    voted, unvote = guarded(False)
+    voted, step, unvote = guarded(False)
     timings = {}
     for name, call in (('vote', ranks.before_backward),
                        ('barrier', dist.barrier),
                        ('all_reduce', all_reduce),
                        ('all_reduce, guarded (voted)', voted)):
         timings[name] = timed(call)
+    step()
+    timings['all_reduce, guarded (recorded)'] = timed(voted)
     unvote()
-    exempt, unexempt = guarded(True)
+    exempt, _, unexempt = guarded(True)
     timings['all_reduce, guarded (exempt)'] = timed(exempt)
     unexempt()
     if dist.get_rank() == 0:

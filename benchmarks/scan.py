@@ -1,15 +1,91 @@
-"""Throughput of the dataset pass (``mmnan scan`` / ``mmnan doctor``) with
-1 and more worker processes: the zoo RetinaNet R50's train pipeline on a
-synthetic COCO set at 320 px (see ``mmnan_testing.zoo``), runs alternating
-between the worker counts, median images/s of the repeats.
+"""Throughput of the dataset pass (``mmnan scan`` / ``mmnan doctor``).
 
-    python benchmarks/scan.py --images 400 --workers 1 2 --repeats 3
+The full pipeline with 1 and more worker processes: the zoo RetinaNet R50's
+train pipeline on a synthetic COCO set at 320 px (see ``mmnan_testing.zoo``),
+runs alternating between the worker counts, median images/s of the repeats.
+
+The fast mode (``mmnan scan --fast``: data infos and image headers, no
+decoding, no pipeline) in this one process (one core, one torch thread) on
+its own synthetic COCO set of ``--fast-images``: images/s of the whole
+``scan_config`` (config loaded, dataset built, every sample checked), of the
+pass alone over the built dataset, and the floor of the pass: PIL opening
+each file once for its size. The files were just written, so they are read
+from the page cache (a cold disk adds its own seek per file).
+
+    python benchmarks/scan.py --images 400 --workers 1 2 --repeats 3 \\
+        --fast-images 5000
 """
 import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
+import os.path as osp
 import statistics
 import tempfile
 import time
+
+
+def _config(root, images, defects):
+    from mmnan_testing import zoo
+    data = zoo.make_zoo_dataset('retinanet_r50', root + '/data',
+                                num_images=images, defects=defects)
+    cfg = zoo.child_config('retinanet_r50', data, root + '/run')
+    path = root + '/config.py'
+    cfg.dump(path)
+    return path, data
+
+
+def _median(rates):
+    return '%.1f images/s (median of %d; %s)' % (
+        statistics.median(rates), len(rates),
+        ', '.join('%.1f' % r for r in rates))
+
+
+def full_pipeline(images, workers, repeats):
+    from mmnanhook.doctor import scan_config
+    path, _ = _config(tempfile.mkdtemp(prefix='mmnan_scan_bench_'), images,
+                      {3: 'outside'})
+    rates = dict((w, []) for w in workers)
+    for _ in range(repeats):
+        for count in workers:
+            start = time.time()
+            total, bad, _ = scan_config(path, progress=False, workers=count)
+            rates[count].append(total / (time.time() - start))
+    base = statistics.median(rates[workers[0]])
+    for count in workers:
+        print('full pipeline, %d images, workers %d: %s, %.2fx of %d' % (
+            images, count, _median(rates[count]),
+            statistics.median(rates[count]) / base, workers[0]))
+
+
+def fast_mode(images, repeats):
+    import torch
+    from PIL import Image
+
+    from mmnanhook.doctor import scan_config
+    from mmnanhook.doctor._dataset import (build_dataset, check_dataset,
+                                           load_config)
+    torch.set_num_threads(1)
+    path, data = _config(tempfile.mkdtemp(prefix='mmnan_scan_fast_'),
+                         images, {3: 'size_mismatch'})
+    files = [osp.join(data['img_dir'], name) for name in data['images']]
+    whole, alone, floor = [], [], []
+    for _ in range(repeats):
+        start = time.time()
+        total, bad, _ = scan_config(path, progress=False, fast=True)
+        whole.append(total / (time.time() - start))
+        dataset, context = build_dataset(load_config(path), path)
+        start = time.time()
+        for _ in check_dataset(dataset, context, fast=True):
+            pass
+        alone.append(len(dataset) / (time.time() - start))
+        start = time.time()
+        for name in files:
+            with Image.open(name) as image:
+                image.size
+        floor.append(len(files) / (time.time() - start))
+    assert [b.index for b in bad] == [3], [b.index for b in bad]
+    print('fast mode, %d images, 1 process: scan_config %s; the pass alone '
+          '%s; the floor (PIL opens each file for its size) %s' % (
+              images, _median(whole), _median(alone), _median(floor)))
 
 
 def main():
@@ -17,29 +93,13 @@ def main():
     parser.add_argument('--images', type=int, default=400)
     parser.add_argument('--workers', type=int, nargs='+', default=[1, 2])
     parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--fast-images', type=int, default=5000,
+                        help='images of the fast mode\'s set (0: skip it)')
     args = parser.parse_args()
-
-    from mmnan_testing import zoo
-    from mmnanhook.doctor import scan_config
-    root = tempfile.mkdtemp(prefix='mmnan_scan_bench_')
-    data = zoo.make_zoo_dataset('retinanet_r50', root + '/data',
-                                num_images=args.images, defects={3: 'outside'})
-    cfg = zoo.child_config('retinanet_r50', data, root + '/run')
-    path = root + '/config.py'
-    cfg.dump(path)
-    rates = dict((w, []) for w in args.workers)
-    for _ in range(args.repeats):
-        for workers in args.workers:
-            start = time.time()
-            total, bad, _ = scan_config(path, progress=False, workers=workers)
-            rates[workers].append(total / (time.time() - start))
-    base = statistics.median(rates[args.workers[0]])
-    for workers in args.workers:
-        rate = statistics.median(rates[workers])
-        print('workers %d: %.1f images/s (median of %d; %s), %.2fx of %d' % (
-            workers, rate, args.repeats,
-            ', '.join('%.1f' % r for r in rates[workers]), rate / base,
-            args.workers[0]))
+    if args.images:
+        full_pipeline(args.images, args.workers, args.repeats)
+    if args.fast_images:
+        fast_mode(args.fast_images, args.repeats)
 
 
 if __name__ == '__main__':

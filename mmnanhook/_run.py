@@ -17,12 +17,14 @@ import torch
 
 from . import compat
 from ._mmengine import is_ddp, unwrap_model
+from .bundle import StateLedger
 from .diagnosis import (communicating_modules, evidence_before,
                         handle_incident, largest_param, local_replays,
                         locate_micro_step)
-from .errors import CheckBypassedError, NonFiniteError, PeerForwardFailed
+from .errors import (CheckBypassedError, NonFiniteError, PeerForwardFailed,
+                     RankTimeoutError)
 from .options import anomaly_wanted
-from .quarantine import call_with, start_quarantine
+from .quarantine import call_with, prepare_index, start_quarantine
 from .records import Culprit, Trigger
 from .recovery import (Action, Answer, Policy, data_culprits, rank_finding)
 from .report import forget_nonfinite, to_visualizer
@@ -64,7 +66,7 @@ class HookRun(object):
         # collectives, and the model's modules that communicate in their
         # forward.
         self.ranks, self.forward_guard, self.communicating = \
-            start_distributed(module, communicating_modules)
+            start_distributed(module, communicating_modules, runner.cfg)
         for sentinel in self.handle.sentinels:
             sentinel.ranks = self.ranks
         self.verified = False
@@ -80,14 +82,24 @@ class HookRun(object):
         self.parsed = None
         self.step = StepState()
         self.rewound_at = None
+        # Which of the run's bundles hold a model state.
+        self.states = StateLedger(getattr(runner, 'timestamp', None),
+                                  every=options.dump_state == 'every')
         # Parameter norms when the current run of spikes began.
         self.spike_norms = None
         # The largest |weight| training started from (exploding updates).
         self.start_weight = (largest_param(module) or {}).get('max_abs')
+        # The diagnosis and the quarantine look samples up by file: a large
+        # dataset's index is walked in a child process from now on (forked
+        # before the snapshot thread below starts).
+        prepare_index(runner.train_dataloader.dataset)
         self.rewinder = None
         if self.policy.rewinds:
             self.rewinder = Rewinder(options.rewind, self.logger.log)
-            self.rewinder.start(module, self.handle.wrappers)
+            # Under DDP every rank holds the same parameters: each keeps
+            # its share of the snapshots.
+            self.rewinder.start(module, self.handle.wrappers,
+                                self.ranks if is_ddp(runner.model) else None)
         self.dropper = None
         if self.policy.drops_at_all():
             self.dropper = Dropper(runner.model, self.handle.wrappers,
@@ -109,6 +121,7 @@ class HookRun(object):
             self.ranks.close()
         self.memory.clear()
         self.buffers = self.micro_buffers = self.parsed = None
+        self.settle()
         # Snapshots are memory of the run that ended.
         self.rewinder = self.dropper = None
 
@@ -130,7 +143,7 @@ class HookRun(object):
         guard = self.forward_guard
         try:
             if guard is not None:
-                guard.active = True
+                guard.begin(self._records)
             if self.quarantine is not None:
                 # Under DDP every rank takes a step: a batch is never left
                 # empty there.
@@ -145,7 +158,7 @@ class HookRun(object):
             outputs = train_step(*args, **kwargs)
             self._after_step()
             return self._logged(outputs)
-        except (NonFiniteError, CheckBypassedError):
+        except (NonFiniteError, CheckBypassedError, RankTimeoutError):
             raise
         except Exception as exc:
             # Raised before any backward: the forward failed.
@@ -158,7 +171,7 @@ class HookRun(object):
             return self._logged(handled)
         finally:
             if guard is not None:
-                guard.active = False
+                guard.end()
             if torch.is_anomaly_enabled() != state[0]:
                 compat.restore_anomaly(state)
             self.train_iters += 1
@@ -244,7 +257,15 @@ class HookRun(object):
             return None
         return parsed[1]
 
+    def settle(self):
+        """Wait for the newest snapshot's copy: before anything changes
+        the parameters or optimizer state it copies (an update step; EMA's
+        swap of the weights for validation)."""
+        if self.rewinder is not None:
+            self.rewinder.store.settle()
+
     def on_step(self, outcome):
+        self.settle()
         self.step.loss = outcome.loss
         self.step.grad_norm = outcome.grad_norm
         self.step.loss_scale = outcome.loss_scale
@@ -294,12 +315,16 @@ class HookRun(object):
             rewind = bool(ranks.reduce(rewind, 'max'))
         incident, findings = None, None
         exchange = Exchange(ranks) if ranks is not None else None
+        diagnosers = policy.diagnosers(event, rewind)
+        if ranks is None:
+            # Alone, or a trigger only this rank saw.
+            diagnosers = [r for r in diagnosers if r == event.rank]
         try:
-            if policy.diagnoses(event, rewind):
+            if event.rank in diagnosers:
                 # The culprit rank(s) replay their own batch and write the
                 # bundle.
                 event, incident = self._incident(event, evidence, level,
-                                                 rewind, exchange)
+                                                 rewind, exchange, diagnosers)
         except Exception:  # noqa: BLE001 - the policy applies, on every rank
             if ranks is None:
                 raise
@@ -313,6 +338,15 @@ class HookRun(object):
                         event.trigger == Trigger.EXCEPTION
                         and event.rank in event.bad_ranks))))
         report = incident.report if incident is not None else None
+        # Under DDP every rank records what the writer wrote (it cannot
+        # know); alone, only a bundle written holds a state to name.
+        if diagnosers and self.options.max_dumps and (
+                findings is not None or incident is not None
+                and incident.bundle is not None):
+            self.states.record(
+                event, event.iter if event.iter is not None else
+                self.runner.iter, findings,
+                report.kind if report is not None else None, diagnosers)
         drop = self._recover(event, report, findings)
         escalate = self._rewind(event, evidence, ranks) if rewind else None
         return Answer(bundle=incident.bundle if incident else None,
@@ -374,7 +408,8 @@ class HookRun(object):
                             grad_norm=event.grad_norm,
                             loss_scale=event.loss_scale)
 
-    def _incident(self, event, evidence, level, rewind, exchange=None):
+    def _incident(self, event, evidence, level, rewind, exchange=None,
+                  diagnosers=()):
         """Diagnose ``event`` and write its bundle.
 
         Returns:
@@ -406,7 +441,8 @@ class HookRun(object):
             runner, event, data_batch, rng_state, history, options,
             divergence=evidence, start_weight=self.start_weight, level=level,
             rewind=rewind, replays=replays, exchange=exchange,
-            config_findings=self.config_findings)
+            config_findings=self.config_findings, states=self.states,
+            diagnosers=diagnosers)
         to_visualizer(getattr(runner, 'visualizer', None), incident.report,
                       incident.pictures, event.iter, self.logger)
         # What the diagnosis allocated is free now: give it back.
@@ -433,6 +469,9 @@ class HookRun(object):
         """
         runner, ranks = self.runner, self.ranks
         peer = isinstance(exc, PeerForwardFailed)
+        if self.forward_guard is not None:
+            # The others may wait in a collective of this forward first.
+            self.forward_guard.abandon(not peer)
         # Every rank votes once, before anything else: the others wait in it.
         failed = exc.ranks if peer else (
             ranks.vote(True) if ranks is not None else None)

@@ -46,6 +46,18 @@ def exit_process(code):
     os._exit(code if isinstance(code, int) else 1)
 
 
+def default_store():
+    """The key-value store of the default process group (a ``TCPStore``
+    under torch's launchers), which outlives a failed collective of another
+    group.
+
+    Private in torch (``distributed_c10d._get_default_store``), there from
+    1.7 through 2.13.
+    """
+    from torch.distributed import distributed_c10d
+    return distributed_c10d._get_default_store()
+
+
 # torch.load(weights_only=True) with an allowlist scoped to one load, a scan
 # for the globals a file names and aliases (numpy.core for numpy._core):
 # torch >= 2.6. Older torch has no weights_only (< 1.13), no allowlist

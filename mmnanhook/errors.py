@@ -51,3 +51,20 @@ class PeerForwardFailed(RuntimeError):
         super(PeerForwardFailed, self).__init__(
             'the forward raised on rank(s) %s' %
             ', '.join(map(str, self.ranks)))
+
+
+class RankTimeoutError(RuntimeError):
+    """Under DDP, a rank did not answer a vote or an exchange of
+    mmnanhook's within the group's timeout (``env_cfg.dist_cfg.timeout``):
+    every rank still there stops, and the message, one line, names it.
+
+    Args:
+        message (str): The line (also logged).
+        ranks (list[int]): The ranks that did not answer; empty when every
+            rank was still there (another gave up first) or none could be
+            told.
+    """
+
+    def __init__(self, message, ranks):
+        super(RankTimeoutError, self).__init__(message)
+        self.ranks = list(ranks)

@@ -60,6 +60,13 @@ class NanDetectHook(Hook, Listener):
             history kept for the bundle. Defaults to 200.
         dump_optimizer (bool): Put the optimizer state in bundles. Defaults
             to True.
+        dump_state (str): Which bundles hold the model (and optimizer)
+            state, the bulk of a bundle: ``'per_kind'`` (default) the first
+            bundle of each kind of incident in the run, written by one rank
+            (the culprit's); every other bundle holds its batch, report, RNG
+            and pictures and names that bundle, which its replay loads the
+            state from (docs/bundles.md). ``'every'``: each bundle holds
+            its own.
         doctor (str, optional): The config rules of ``mmnan doctor`` run on
             the run's config at ``before_train``: ``'warn'`` (default: one
             log line per finding; a later trigger's report names the one
@@ -139,6 +146,12 @@ class NanDetectHook(Hook, Listener):
 
     def after_train(self, runner):
         self._restore()
+
+    def before_val(self, runner):
+        # Before any hook's before_val_epoch: EMAHook swaps the weights in
+        # place there.
+        if self._run is not None:
+            self._run.settle()
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):

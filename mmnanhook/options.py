@@ -269,6 +269,8 @@ class QuarantineOptions(object):
 
 # What the config rules' findings do at before_train.
 DOCTOR_CHOICES = ('warn', 'raise', None)
+# Which bundles hold the model (and optimizer) state.
+DUMP_STATE_CHOICES = ('per_kind', 'every')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,6 +284,9 @@ class HookOptions(object):
         replay (bool): Whether a trigger is replayed to diagnose it.
         history (int): Iterations of history kept for a bundle.
         dump_optimizer (bool): Whether bundles hold the optimizer state.
+        dump_state (str): Which bundles hold the state: ``'per_kind'``
+            (the first of each kind of incident, on one rank) or
+            ``'every'``.
         doctor (str, optional): What the config rules' findings do at
             ``before_train``: ``'warn'`` (a log line each), ``'raise'``
             (training does not start), ``None`` (not run).
@@ -296,6 +301,7 @@ class HookOptions(object):
     replay: bool = True
     history: int = 200
     dump_optimizer: bool = True
+    dump_state: str = 'per_kind'
     doctor: Optional[str] = 'warn'
     check: CheckOptions = dataclasses.field(default_factory=CheckOptions)
     rewind: RewindOptions = dataclasses.field(default_factory=RewindOptions)
@@ -309,6 +315,7 @@ class HookOptions(object):
         check_bool('replay', self.replay)
         check_count('history', self.history, 0)
         check_bool('dump_optimizer', self.dump_optimizer)
+        check_choice('dump_state', self.dump_state, DUMP_STATE_CHOICES)
         check_choice('doctor', self.doctor, DOCTOR_CHOICES)
 
     @classmethod

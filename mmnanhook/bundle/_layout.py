@@ -48,7 +48,9 @@ DATA_BATCH = 'data_batch'
 MODEL = 'model'
 OPTIMIZER = 'optimizer'
 RNG = 'rng'
-
+# The manifest's key of the bundle a bundle without a state replays from
+# (:class:`~mmnanhook.bundle.StateRef`).
+STATE_FROM = 'state_from'
 
 
 def sample_info_name(index):

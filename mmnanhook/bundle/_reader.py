@@ -7,8 +7,9 @@ from ._unpickle import ForeignObjectError, torch_load_allowlisted
 from ..errors import BundleError
 from ..version import __version__
 from ._content import BUILT, content_problem, find_allowed
-from ._layout import FORMAT_VERSION, MANIFEST, REPORT, TORCH_SUFFIX, \
-    _TMP_PREFIX, sha256
+from ._layout import FORMAT_VERSION, MANIFEST, MODEL, OPTIMIZER, REPORT, \
+    STATE_FROM, TORCH_SUFFIX, _TMP_PREFIX, sha256
+from ._state import StateRef
 
 
 class Bundle(object):
@@ -81,6 +82,75 @@ class Bundle(object):
             raise BundleError(_one_line('{}: {}'.format(path, problem)))
         self._loaded[stem] = obj
         return obj
+
+    @property
+    def state_ref(self):
+        """The :class:`StateRef` of the bundle this one replays its model
+        (and optimizer) state from; ``None`` when it holds its own.
+
+        Raises:
+            BundleError: The manifest's reference is ill-formed.
+        """
+        data = self.manifest.get(STATE_FROM)
+        if data is None or self.has(MODEL):
+            return None
+        try:
+            return StateRef.from_dict(data)
+        except ValueError as error:
+            raise BundleError(_one_line('corrupt {} in {}: {}'.format(
+                STATE_FROM, osp.join(self.path, MANIFEST), error)))
+
+    def state_bundle(self):
+        """The bundle holding the state this one replays from: itself, or
+        the verified bundle its :attr:`state_ref` names beside it.
+
+        Raises:
+            BundleError: That bundle is not beside it (pruned, moved, or its
+                write failed) or does not verify.
+        """
+        ref = self.state_ref
+        if ref is None:
+            return self
+        problems = []
+        for candidate in ref.candidates(osp.dirname(self.path)):
+            try:
+                other = load_bundle(candidate, self._map_location)
+            except BundleError as error:
+                problems.append(str(error))
+                continue
+            if other.has(MODEL) and StateRef.of(other.manifest) == ref:
+                return other
+        raise BundleError(_one_line(
+            '{} holds no model state: it replays from the bundle of iteration '
+            '{} written by rank {}, which is not beside it in {}{}'.format(
+                self.path, ref.iter, ref.rank, osp.dirname(self.path),
+                ' ({})'.format('; '.join(problems)) if problems else
+                ' (moved, or its write failed)')))
+
+    def state_note(self):
+        """What this bundle replays on, in one line (``mmnan inspect`` and
+        the replayed report say it)."""
+        ref = self.state_ref
+        if ref is None:
+            held = [stem for stem in (MODEL, OPTIMIZER) if self.has(stem)]
+            return 'state: {} in this bundle'.format(
+                ' and '.join(held) if held else 'none')
+        if ref.iter == self.manifest.get('iter'):
+            # Another rank's bundle of the same incident: DDP's weights.
+            return ('state: not in this bundle (rank {} wrote the state of '
+                    'this incident; dump_state=\'per_kind\'): its batch '
+                    'replays on the state of that bundle beside it, the same '
+                    'weights and optimizer state; buffers DDP does not share '
+                    '(BN statistics) are rank {}\'s'.format(ref.rank,
+                                                            ref.rank))
+        return ('state: not in this bundle (a later incident of a kind the '
+                'run had seen; dump_state=\'per_kind\'): its batch replays on '
+                'the state of the bundle of iteration {} (rank {}) beside it. '
+                'The data checks, the sample findings and the fixes replay as '
+                'in the run; the forward and backward run on the weights of '
+                'iteration {}, not of iteration {}, so a failure the weights '
+                'made rather than the samples may not reproduce'.format(
+                    ref.iter, ref.rank, ref.iter, self.manifest.get('iter')))
 
     def text(self, file_name):
         """The content of a text file of the bundle (e.g. the config)."""

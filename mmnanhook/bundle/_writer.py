@@ -1,5 +1,6 @@
 """Writing a bundle atomically, and keeping at most ``max_dumps`` of them."""
 import datetime
+import hashlib
 import json
 import logging
 import os
@@ -13,9 +14,10 @@ import torch
 from .._log import log as _log
 
 from ._layout import (_RESERVED, _TMP_PREFIX, FORMAT_VERSION, HISTORY_JSON,
-                      HISTORY_PNG, MANIFEST, REPORT, TORCH_SUFFIX, sha256,
+                      HISTORY_PNG, MANIFEST, REPORT, TORCH_SUFFIX,
                       to_strict_json, versions)
 from ._plot import plot_history
+from ._state import StateRef
 
 
 def _fsync_dir(path):
@@ -30,8 +32,11 @@ def _fsync_dir(path):
 
 
 class _RecordingFile(object):
-    """File wrapper that remembers an I/O error.
+    """File wrapper that digests what is written, and remembers an I/O
+    error.
 
+    The manifest's sizes and sha256 come from the bytes as they are written:
+    reading a multi-GB state back to hash it would double a bundle's I/O.
     torch.save reports a failed write (disk full) as a RuntimeError of its
     zip writer, indistinguishable from an object that cannot be pickled; the
     recorded OSError tells the two apart.
@@ -40,35 +45,50 @@ class _RecordingFile(object):
     def __init__(self, f):
         self._f = f
         self.error = None
+        self.digest = hashlib.sha256()
+        self.size = 0
 
     def write(self, data):
         try:
-            return self._f.write(data)
+            written = self._f.write(data)
         except OSError as error:
             self.error = error
             raise
+        # torch's zip writer hands over memoryviews of tensor storages.
+        self.digest.update(data)
+        self.size += memoryview(data).nbytes
+        return written
 
     def flush(self):
         self._f.flush()
 
+    def entry(self, name):
+        """The manifest's entry of the file written."""
+        return dict(name=name, size=self.size,
+                    sha256=self.digest.hexdigest())
+
 
 def _write_file(path, write):
+    """Write and fsync ``path`` by ``write(f)``; its manifest entry."""
     with open(path, 'wb') as f:
-        write(f)
+        recorder = _RecordingFile(f)
+        write(recorder)
         f.flush()
         os.fsync(f.fileno())
+    return recorder.entry(osp.basename(path))
 
 
 def _write_json(path, obj):
     text = json.dumps(to_strict_json(obj), indent=2, allow_nan=False)
-    _write_file(path, lambda f: f.write(text.encode('utf-8')))
+    return _write_file(path, lambda f: f.write(text.encode('utf-8')))
 
 
 def _save_torch(path, obj):
     """torch.save ``obj`` into ``path``; the error if it cannot be pickled.
 
     Returns:
-        str | None: Why ``obj`` was not saved, ``None`` when it was.
+        tuple: ``(entry, None)`` with the file's manifest entry, or
+        ``(None, why)`` when ``obj`` was not saved.
 
     Raises:
         OSError: When the file cannot be written.
@@ -86,9 +106,9 @@ def _save_torch(path, obj):
         else:
             f.flush()
             os.fsync(f.fileno())
-            return None
+            return recorder.entry(osp.basename(path)), None
     os.remove(path)
-    return ' '.join(reason.split())
+    return None, ' '.join(reason.split())
 
 
 def _check_name(name):
@@ -159,23 +179,30 @@ def _age_key(path, manifest):
     return stamp, osp.basename(path)
 
 
-def _prune(dump_dir, rank, max_dumps, log):
+def _prune(dump_dir, newest, rank, max_dumps, keep, log):
     """Delete the oldest bundles of ``rank`` beyond ``max_dumps``.
 
     Only directories with a valid manifest of this rank are candidates, so
     foreign directories and other ranks' bundles (written concurrently into
-    a shared dump_dir) are never touched.
+    a shared dump_dir) are never touched; nor is ``newest`` (the bundle just
+    written), nor those ``keep`` names (:class:`~._state.StateRef`: their
+    state is what later bundles replay from), which count towards
+    ``max_dumps`` all the same.
     """
-    bundles = []
+    bundles, kept = [], 0
     for entry in os.listdir(dump_dir):
         path = osp.join(dump_dir, entry)
         if entry.startswith('.') or not osp.isdir(path):
             continue
         manifest = _read_manifest(path)
-        if manifest is not None and manifest.get('rank') == rank:
+        if manifest is None or manifest.get('rank') != rank:
+            continue
+        if path == newest or StateRef.of(manifest) in keep:
+            kept += 1
+        else:
             bundles.append((_age_key(path, manifest), path))
     bundles.sort()
-    for _, path in bundles[:max(len(bundles) - max_dumps, 0)]:
+    for _, path in bundles[:max(len(bundles) + kept - max_dumps, 0)]:
         try:
             shutil.rmtree(path)
         except OSError as error:
@@ -188,7 +215,7 @@ def _prune(dump_dir, rank, max_dumps, log):
 
 def write_bundle(dump_dir, name, manifest, tensors, texts, report,
                  history_records, max_dumps=5, logger=None, blobs=None,
-                 render=None):
+                 render=None, keep=()):
     """Write a bundle atomically into ``dump_dir/name``.
 
     Everything is written and fsynced in a hidden temp dir inside
@@ -223,6 +250,8 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
             file name -> bytes, called once everything else is written
             (``report.html`` inlines the history plot); a failure costs
             only its files.
+        keep (set[StateRef]): Bundles pruning leaves, beyond
+            ``max_dumps``: those holding a state other bundles name.
 
     Returns:
         str | None: Path of the bundle; ``None`` when it could not be
@@ -250,28 +279,35 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
         tmp = tempfile.mkdtemp(
             prefix='{}{}.{}.'.format(_TMP_PREFIX, os.getpid(), _host()),
             dir=dump_dir)
-        unsaved = {}
+        unsaved, entries = {}, []
         for stem, obj in tensors.items():
-            reason = _save_torch(osp.join(tmp, stem + TORCH_SUFFIX), obj)
+            entry, reason = _save_torch(osp.join(tmp, stem + TORCH_SUFFIX),
+                                        obj)
             if reason is not None:
                 unsaved[stem] = reason
                 log('mmnanhook: {} is left out of the bundle: {}'.format(
                     stem, reason), logging.WARNING)
+            else:
+                entries.append(entry)
         for file_name, text in texts.items():
             data = text.encode('utf-8')
-            _write_file(osp.join(tmp, file_name), lambda f: f.write(data))
-        _write_json(osp.join(tmp, REPORT), report)
+            entries.append(_write_file(osp.join(tmp, file_name),
+                                       lambda f: f.write(data)))
+        entries.append(_write_json(osp.join(tmp, REPORT), report))
         history_png = None
         if history_records is not None:
-            _write_json(osp.join(tmp, HISTORY_JSON), history_records)
+            entries.append(_write_json(osp.join(tmp, HISTORY_JSON),
+                                       history_records))
             history_png = _plot(history_records, osp.join(tmp, HISTORY_PNG),
                                 manifest.get('iter'), log)
+            if history_png is not None:
+                entries.append(_entry(HISTORY_PNG, history_png))
         for file_name, data in (blobs or {}).items():
             _check_name(file_name)
-            _write_file(osp.join(tmp, file_name),
-                        lambda f, data=data: f.write(data))
+            entries.append(_write_file(osp.join(tmp, file_name),
+                                       lambda f, data=data: f.write(data)))
         if render is not None:
-            _render(render, tmp, history_png, log)
+            entries.extend(_render(render, tmp, history_png, log))
 
         full = dict(manifest)
         full['format_version'] = FORMAT_VERSION
@@ -279,11 +315,7 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
         full['versions'] = versions()
         if unsaved:
             full['unsaved'] = unsaved
-        full['files'] = [{
-            'name': entry,
-            'size': osp.getsize(osp.join(tmp, entry)),
-            'sha256': sha256(osp.join(tmp, entry)),
-        } for entry in sorted(os.listdir(tmp))]
+        full['files'] = sorted(entries, key=lambda e: e['name'])
         _write_json(osp.join(tmp, MANIFEST), full)
         _fsync_dir(tmp)
 
@@ -304,7 +336,7 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
             shutil.rmtree(tmp, ignore_errors=True)
     if max_dumps is not None:
         try:
-            _prune(dump_dir, full.get('rank'), max_dumps, log)
+            _prune(dump_dir, final, full.get('rank'), max_dumps, keep, log)
         except OSError as error:
             log('mmnanhook: could not prune old bundles in {}: {}'.format(
                 dump_dir, error), logging.WARNING)
@@ -328,14 +360,23 @@ def _plot(records, path, fail_iter, log):
         return None
 
 
+def _entry(name, data):
+    # history.png is written by matplotlib and read back whole anyway.
+    return dict(name=name, size=len(data),
+                sha256=hashlib.sha256(data).hexdigest())
+
+
 def _render(render, tmp, history_png, log):
+    """Write what ``render`` makes; their manifest entries."""
     try:
         files = render(history_png, versions())
     except Exception as error:  # noqa: BLE001 - it never costs a bundle
         log('mmnanhook: report.html is left out of the bundle: {}: {}'.format(
             type(error).__name__, error), logging.WARNING)
-        return
+        return []
+    entries = []
     for file_name, data in files.items():
         _check_name(file_name)
-        _write_file(osp.join(tmp, file_name),
-                    lambda f, data=data: f.write(data))
+        entries.append(_write_file(osp.join(tmp, file_name),
+                                   lambda f, data=data: f.write(data)))
+    return entries

@@ -2,18 +2,22 @@
 
 Exit codes: 0 success (``replay``: the failure reproduced), 1 ``scan`` found
 bad samples or ``doctor`` found anything, 2 bad input (one line on stderr, no
-traceback), 3 ``replay`` came out finite.
+traceback), 3 ``replay`` came out finite, 130 ``scan`` interrupted (Ctrl-C
+or SIGTERM; its progress kept for ``--resume``).
 """
 import argparse
 import json
 import logging
 import os
+import signal
 import sys
 
 from .. import compat
 from ..errors import BundleError
 
 EXIT_OK, EXIT_FOUND, EXIT_BAD_INPUT, EXIT_NOT_REPRODUCED = 0, 1, 2, 3
+# As a shell reports a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
 
 
 def _log_to_stderr():
@@ -74,6 +78,7 @@ def _inspect(args):
     versions = m.get('versions') or {}
     lines.append('versions:   ' + ', '.join(
         '{} {}'.format(k, v) for k, v in sorted(versions.items()) if v))
+    lines.append(bundle.state_note())
     lines.append('files:      ' + ', '.join(
         '{} ({} B)'.format(f['name'], f['size']) for f in m['files']))
     lines.append('')
@@ -111,26 +116,35 @@ def _print_finding(item, paths=()):
     sys.stdout.flush()
 
 
+def _interrupt(signum, frame):
+    # A kill ends the scan as Ctrl-C does: its progress saved for --resume.
+    raise KeyboardInterrupt
+
+
 def _scan(args):
+    if args.resume and not args.quarantine:
+        return _bad_input('scan', '--resume needs --quarantine OUT: the '
+                          'progress of a scan is kept beside its list')
     from ..doctor import DatasetError, scan_config
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         total, bad, _ = scan_config(
             args.config, progress=not args.no_progress, show=args.show,
-            workers=args.workers, on_finding=_print_finding)
+            workers=args.workers, on_finding=_print_finding, fast=args.fast,
+            quarantine=args.quarantine, resume=args.resume)
     except DatasetError as error:
         return _bad_input('scan', error)
+    except KeyboardInterrupt:
+        print('mmnan scan: interrupted; {}'.format(
+            'the samples found so far are in {0}, the progress in '
+            '{0}.progress: the same command with --resume goes on'.format(
+                args.quarantine) if args.quarantine else
+            'with --quarantine OUT, --resume could have gone on from here'),
+            file=sys.stderr)
+        return EXIT_INTERRUPTED
     print('scanned {} samples: {} with invalid ground truth'.format(
         total, len(bad)))
     if args.quarantine:
-        from ..quarantine import QuarantinedSample, write_quarantine
-        try:
-            write_quarantine(args.quarantine, [QuarantinedSample(
-                [item.index], item.img_path,
-                '; '.join(p.text for p in item.problems), source='scan')
-                for item in bad])
-        except OSError as error:
-            return _bad_input('scan', 'cannot write {}: {}'.format(
-                args.quarantine, error.strerror or error))
         print('quarantine list of {} samples: {} (review it, then start a '
               "run with NanDetectHook(quarantine='{}'))".format(
                   len(bad), args.quarantine, args.quarantine))
@@ -272,7 +286,16 @@ def build_parser():
                    help='write pictures of every flagged sample into DIR')
     p.add_argument('--quarantine', metavar='OUT', default=None,
                    help='write the flagged samples as a quarantine list '
-                   "(NanDetectHook(quarantine=OUT) never loads them)")
+                   "(NanDetectHook(quarantine=OUT) never loads them), "
+                   'updated while the scan runs, its progress in '
+                   'OUT.progress')
+    p.add_argument('--resume', action='store_true',
+                   help='go on from where an interrupted scan with the same '
+                   'config and --quarantine OUT stopped')
+    p.add_argument('--fast', action='store_true',
+                   help='check the annotations and the image files\' '
+                   'headers only (declared vs real size, boxes, labels): '
+                   'no decoding, no pipeline')
     p.set_defaults(func=_scan)
 
     p = sub.add_parser('doctor', help='before the run: the config rules, '

@@ -37,27 +37,30 @@ def build_model(cfg, device='cpu'):
 
 
 def _load_inputs(path, device):
-    bundle = load_bundle(path, load=(DATA_BATCH, MODEL, RNG))
+    bundle = load_bundle(path, load=(DATA_BATCH, RNG))
+    # The bundle holding the state: this one, or the one it names.
+    state = bundle.state_bundle()
     # Every .pth is refused or loaded before the config runs.
-    if bundle.has(OPTIMIZER):
-        bundle.load(OPTIMIZER)
+    state.load(MODEL)
+    if state.has(OPTIMIZER):
+        state.load(OPTIMIZER)
     if device == 'cuda' and not torch.cuda.is_available():
         raise BundleError('--device cuda: no CUDA device on this machine')
     try:
         cfg = config_from_text(bundle.text(CONFIG_FILE))
         model = build_model(cfg, device)
-        problem = state_dict_mismatch(model.state_dict(), bundle.load(MODEL))
+        problem = state_dict_mismatch(model.state_dict(), state.load(MODEL))
         if problem is not None:
             raise BundleError('{}: {}'.format(
-                osp.join(path, MODEL + TORCH_SUFFIX), problem))
-        model.load_state_dict(bundle.load(MODEL))
+                osp.join(state.path, MODEL + TORCH_SUFFIX), problem))
+        model.load_state_dict(state.load(MODEL))
     except BundleError:
         raise
     except Exception as error:  # noqa: BLE001 - any rebuild failure is bad input
         raise BundleError(' '.join(
             'cannot rebuild the model of {}: {}: {}'.format(
                 path, type(error).__name__, error).split()))
-    return bundle, cfg, model
+    return bundle, state, cfg, model
 
 
 def _sources(bundle):
@@ -97,7 +100,7 @@ def replay_bundle(path, device='cpu', fp32=False):
         BundleError: Not a bundle, a corrupt or missing file, or a model that
             cannot be rebuilt from the bundle's config.
     """
-    bundle, cfg, model = _load_inputs(path, device)
+    bundle, state, cfg, model = _load_inputs(path, device)
     amp_dtype = None if fp32 else AMP_DTYPES.get(
         bundle.manifest.get('amp_dtype'))
     report = diagnose(
@@ -106,8 +109,8 @@ def replay_bundle(path, device='cpu', fp32=False):
         restore_rng=functools.partial(restore_rng, bundle.load(RNG)),
         amp_dtype=amp_dtype,
         angle_range=angle_range_from_config(cfg),
-        optimizer_state=bundle.load(OPTIMIZER)
-        if bundle.has(OPTIMIZER) else None,
+        optimizer_state=state.load(OPTIMIZER)
+        if state.has(OPTIMIZER) else None,
         declared=declared_sizes(bundle.manifest.get('annotations')),
         pipeline=train_pipeline(cfg), sources=_sources(bundle),
         retry=bundle.manifest.get('trigger') != 'spike')
@@ -118,4 +121,6 @@ def replay_bundle(path, device='cpu', fp32=False):
     # The run's config findings are facts of its before_train, kept in
     # report.json: the replay explains by them as the run did.
     explain_by_config(report, Report.from_dict(bundle.report).config_findings)
+    if state is not bundle:
+        report.notes.append(bundle.state_note())
     return bundle, report

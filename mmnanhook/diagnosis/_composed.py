@@ -11,7 +11,7 @@ import logging
 import numpy as np
 
 from .._log import log
-from ..quarantine import PARTS, mixers, part_image
+from ..quarantine import PARTS, mixers, part_image, sample_index
 from ..records import DataProblem, ProblemCategory
 
 
@@ -29,9 +29,9 @@ def _index_of(sources, index, path):
                 source.get_data_info(index).get('img_path')) == path:
             return source, index
     for source in sources:
-        for i in range(len(source)):
-            if str(source.get_data_info(i).get('img_path')) == path:
-                return source, i
+        found, _ = sample_index(source).first(path)
+        if found is not None:
+            return source, found
     return None, None
 
 

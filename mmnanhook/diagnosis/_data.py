@@ -22,6 +22,7 @@ import torch
 from .._batch import batch_size, split_batch  # noqa: F401 - re-exported
 from .._boxes import as_box_tensor, rbox_corners
 from .._format import format_value
+from ..quarantine import sample_index
 from ..records import (NONFINITE_DATA, DataProblem, ProblemCategory,
                        SampleFinding)
 from ._tensors import count_nonfinite, iter_tensors
@@ -175,11 +176,28 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
     kind, t = as_box_tensor(boxes)
     if kind is None or t.shape[0] == 0:
         return []
-    problems = []
+    # Whole-tensor tests first (float64, as the texts print them), then
+    # words for the flagged boxes only: a sample may hold thousands.
     finite = torch.isfinite(t).all(dim=1)
     width, height, names = _sides(kind, t)
-    x1, y1, x2, y2 = _extent(kind, t)
-    for i in range(t.shape[0]):
+    small = (torch.stack([width, height], 1) <= min_size) & finite[:, None]
+    flagged = ~finite | small.any(dim=1)
+    outside = None
+    if image_hw is not None:
+        img_h, img_w = image_hw
+        x1, y1, x2, y2 = _extent(kind, t)
+        outside = finite & ((x2 <= 0) | (y2 <= 0) | (x1 >= img_w) |
+                            (y1 >= img_h))
+        flagged |= outside
+    off = None
+    if kind == 'rbox' and angle_range is not None:
+        low, high = angle_range
+        angle = t[:, 4]
+        off = finite & ~((low - _ANGLE_TOL <= angle) &
+                         (angle <= high + _ANGLE_TOL))
+        flagged |= off
+    problems = []
+    for i in flagged.nonzero(as_tuple=True)[0].tolist():
         if not bool(finite[i]):
             coords = ', '.join(_num(v) for v in t[i].tolist())
             problems.append(DataProblem(
@@ -187,27 +205,23 @@ def check_boxes(boxes, image_hw=None, angle_range=None,
                 'gt box {} has non-finite coordinates ({})'.format(i, coords),
                 i))
             continue
-        for name, value in zip(names, (float(width[i]), float(height[i]))):
-            if value <= min_size:
+        for side, name, value in zip((0, 1), names,
+                                     (float(width[i]), float(height[i]))):
+            if bool(small[i, side]):
                 problems.append(_side_problem(i, name, value))
-        if image_hw is not None:
-            img_h, img_w = image_hw
-            if x2[i] <= 0 or y2[i] <= 0 or x1[i] >= img_w or y1[i] >= img_h:
-                problems.append(DataProblem(
-                    ProblemCategory.OUTSIDE,
-                    'gt box {} lies outside the {}x{} image '
-                    '(x {}..{}, y {}..{})'.format(
-                        i, int(img_w), int(img_h), _num(x1[i]), _num(x2[i]),
-                        _num(y1[i]), _num(y2[i])), i))
-        if kind == 'rbox' and angle_range is not None:
-            angle = float(t[i, 4])
-            low, high = angle_range
-            if not low - _ANGLE_TOL <= angle <= high + _ANGLE_TOL:
-                problems.append(DataProblem(
-                    ProblemCategory.ANGLE,
-                    'gt box {} has angle {} rad outside the configured range '
-                    '[{}, {}]'.format(i, _num(angle), _num(low), _num(high)),
-                    i))
+        if outside is not None and bool(outside[i]):
+            problems.append(DataProblem(
+                ProblemCategory.OUTSIDE,
+                'gt box {} lies outside the {}x{} image '
+                '(x {}..{}, y {}..{})'.format(
+                    i, int(img_w), int(img_h), _num(x1[i]), _num(x2[i]),
+                    _num(y1[i]), _num(y2[i])), i))
+        if off is not None and bool(off[i]):
+            problems.append(DataProblem(
+                ProblemCategory.ANGLE,
+                'gt box {} has angle {} rad outside the configured range '
+                '[{}, {}]'.format(i, _num(angle[i]), _num(low), _num(high)),
+                i))
     return problems
 
 
@@ -266,16 +280,36 @@ def size_mismatch_problem(declared, sample):
         DataProblem | None: The problem, or ``None`` when the sizes agree.
     """
     shape = _metainfo(sample).get('ori_shape')
-    if declared is None or shape is None or len(shape) < 2:
+    if shape is None or len(shape) < 2:
         return None
-    height, width = int(shape[0]), int(shape[1])
+    return declared_size_problem(
+        declared, (int(shape[1]), int(shape[0])),
+        'as loaded (ori_shape): boxes beyond its real border passed the '
+        'dataset\'s filter and the pipeline clipped them')
+
+
+def declared_size_problem(declared, real, how):
+    """The problem of a declared image size that is not the real one.
+
+    Args:
+        declared (tuple[int, int], optional): ``(width, height)`` the
+            annotation gives.
+        real (tuple[int, int]): ``(width, height)`` of the image as the
+            pipeline loads it.
+        how (str): How ``real`` was learnt and what follows, the end of the
+            sentence.
+
+    Returns:
+        DataProblem | None: The problem, or ``None`` when the sizes agree.
+    """
+    if declared is None:
+        return None
+    width, height = real
     dw, dh = int(declared[0]), int(declared[1])
     if (dw, dh) == (width, height):
         return None
     text = ('the annotation declares the image {}x{} (width x height) but '
-            'the file is {}x{} as loaded (ori_shape): boxes beyond its real '
-            'border passed the dataset\'s filter and the pipeline clipped '
-            'them'.format(dw, dh, width, height))
+            'the file is {}x{} {}'.format(dw, dh, width, height, how))
     if (dw, dh) == (height, width):
         text += ('; the declared size is the file\'s turned by 90 degrees: '
                  'an EXIF orientation the image loader applied')
@@ -286,8 +320,8 @@ def annotations(dataset, data_batch, infos=None):
     """What the annotations say of a batch's images: size and boxes.
 
     Looked up by ``img_path`` in the dataset's data infos (through dataset
-    wrappers such as ``RepeatDataset``), failure path only: it may read
-    every data info once.
+    wrappers such as ``RepeatDataset``), with the dataset's
+    :class:`~mmnanhook.quarantine.SampleIndex` (built once per dataset).
 
     Args:
         dataset: The train dataset (an mmengine ``BaseDataset``).
@@ -308,15 +342,13 @@ def annotations(dataset, data_batch, infos=None):
     wanted.pop(None, None)
     if dataset is None or not wanted:
         return found
-    for index in range(len(dataset)):
-        info = dataset.get_data_info(index)
-        i = wanted.pop(str(info.get('img_path')), None)
-        if i is not None:
+    index = sample_index(dataset)
+    for path, i in wanted.items():
+        _, info = index.first(path)
+        if info is not None:
             found[i] = annotation_of(dataset, info)
             if infos is not None:
                 infos[i] = info
-        if not wanted:
-            break
     return found
 
 
@@ -393,10 +425,20 @@ def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE,
         if boxes is not None:
             problems.extend(
                 check_boxes(boxes, _image_hw(sample), angle_range, min_size))
-        if len(problems) > MAX_PROBLEMS_PER_SAMPLE:
-            extra = len(problems) - MAX_PROBLEMS_PER_SAMPLE
-            problems = problems[:MAX_PROBLEMS_PER_SAMPLE]
-            problems.append(DataProblem(None,
-                                        '... and {} more'.format(extra)))
-        results.append(SampleFinding(i, sample_img_path(sample), problems))
+        results.append(SampleFinding(i, sample_img_path(sample),
+                                     capped(problems)))
     return results
+
+
+def capped(problems):
+    """The first :data:`MAX_PROBLEMS_PER_SAMPLE` of one sample's problems,
+    and how many more there were.
+
+    Args:
+        problems (list[DataProblem]): All of them.
+    """
+    if len(problems) <= MAX_PROBLEMS_PER_SAMPLE:
+        return problems
+    extra = len(problems) - MAX_PROBLEMS_PER_SAMPLE
+    return problems[:MAX_PROBLEMS_PER_SAMPLE] + [
+        DataProblem(None, '... and {} more'.format(extra))]

@@ -17,9 +17,9 @@ from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 from .._log import log
 from .._mmengine import unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
-                      REPORT_TEXT, RNG, bundle_name, render_manifest,
-                      sample_image_name, sample_info_name, to_strict_json,
-                      write_bundle)
+                      REPORT_TEXT, RNG, STATE_FROM, StatePlan, bundle_name,
+                      render_manifest, sample_image_name, sample_info_name,
+                      to_strict_json, write_bundle)
 from ..records import Report, Trigger
 from ..recovery import drop_unavailable, raised_by_nonfinite, rank_finding
 from ..report import (cross_rank, explain_by_config, finalize,
@@ -103,7 +103,8 @@ def _sample_files(report, infos):
 def handle_incident(runner, event, data_batch, rng_state, history_records,
                     options, divergence=None, start_weight=None,
                     level=logging.ERROR, rewind=False, replays=None,
-                    exchange=None, config_findings=()):
+                    exchange=None, config_findings=(), states=None,
+                    diagnosers=()):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -135,6 +136,10 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
         config_findings (list[ConfigFinding]): What the config rules found
             at ``before_train``: in the report, a hint for each that
             explains this trigger.
+        states (StateLedger, optional): Which bundles of the run hold a
+            state; ``None``: this one does.
+        diagnosers (list[int]): The ranks that diagnose this trigger (for
+            ``states``).
 
     Returns:
         Incident: The bundle, the report, the pictures, the time.
@@ -200,14 +205,20 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     path = None
     pictures = _pictures(model, data_batch, report, found)
     if max_dumps:
-        tensors = {DATA_BATCH: data_batch, MODEL: model.state_dict(),
-                   RNG: rng_state}
-        if options.dump_optimizer:
-            tensors[OPTIMIZER] = optim_state
         manifest = render_manifest(event, runner.epoch, amp_dtype, found,
                                    divergence)
         if manifest['iter'] is None:
             manifest['iter'] = runner.iter
+        manifest['run'] = getattr(runner, 'timestamp', None)
+        plan = StatePlan(True) if states is None else states.plan(
+            event, manifest['iter'], report.ranks, report.kind, diagnosers)
+        tensors = {DATA_BATCH: data_batch, RNG: rng_state}
+        if plan.write:
+            tensors[MODEL] = model.state_dict()
+            if options.dump_optimizer:
+                tensors[OPTIMIZER] = optim_state
+        else:
+            manifest[STATE_FROM] = plan.ref.to_dict()
         blobs, manifest['sources'] = _sample_files(report, infos)
         manifest['rewind'] = lowered
         blobs.update((p.name, p.png()) for p in pictures)
@@ -218,7 +229,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                       REPORT_TEXT: text + '\n'},
             to_strict_json(report.to_dict()), history_records,
             max_dumps=max_dumps,
-            blobs=blobs,
+            blobs=blobs, keep=states.kept() if states is not None else (),
             render=functools.partial(_render_html, report, manifest,
                                      pictures))
     return Incident(path, report, pictures, time.time() - start)

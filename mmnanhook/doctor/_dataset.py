@@ -7,16 +7,31 @@ range), a declared image size that is not the file's, a pipeline that
 raises; labels outside ``[0, num_classes)``; segmentation maps whose values
 are neither a class nor the ignore index (0/255 binary masks), and maps that
 are all ignore under ``avg_non_ignore`` (a mean over no pixel).
+
+The fast mode (``mmnan scan --fast``) reads each sample's data info and its
+image file's header only, neither decoding the image nor running the
+pipeline: the declared size against the file's, and the annotated boxes and
+labels.
 """
+import contextlib
+import functools
+import io
 import multiprocessing
 import os
 import os.path as osp
+import random
+import signal
 import sys
+
+import numpy as np
+import torch
 
 from .._format import one_line
 from ..diagnosis import (angle_range_from_config, annotation_of, check_batch,
-                         declared_size)
+                         check_boxes, declared_size)
+from ..diagnosis._data import capped, declared_size_problem
 from ..records import DataProblem, ProblemCategory, SampleFinding
+from ..sentinel import capture_rng, restore_rng
 from ._rules import config_dicts
 
 # mmseg's default ignore index.
@@ -24,8 +39,9 @@ IGNORE_INDEX = 255
 
 
 class DatasetError(Exception):
-    """The config cannot be loaded or its train dataset cannot be built."""
-
+    """The config cannot be loaded, its train dataset cannot be built, or a
+    scan cannot start (its files cannot be written, a progress record of
+    another scan)."""
 
 
 class DatasetContext(object):
@@ -112,15 +128,20 @@ def _data_info(dataset, index):
     return info if isinstance(info, dict) else {}
 
 
-def label_problems(sample, num_classes):
+def label_problems(labels, num_classes):
     """GT labels outside ``[0, num_classes)`` (a CUDA focal loss reads out
-    of bounds silently: mmdet #2903)."""
-    instances = getattr(sample, 'gt_instances', None)
-    labels = getattr(instances, 'labels', None)
+    of bounds silently: mmdet #2903).
+
+    Args:
+        labels (torch.Tensor | sequence[int], optional): One sample's.
+        num_classes (int, optional): The model's.
+    """
     if labels is None or num_classes is None or not len(labels):
         return []
-    bad = sorted(set(int(v) for v in labels.tolist()
-                     if not 0 <= int(v) < num_classes))
+    if isinstance(labels, torch.Tensor):
+        labels = labels.cpu().numpy()
+    labels = np.asarray(labels, dtype=np.int64)
+    bad = np.unique(labels[(labels < 0) | (labels >= num_classes)]).tolist()
     if not bad:
         return []
     return [DataProblem(ProblemCategory.LABEL, (
@@ -161,6 +182,13 @@ def check_sample(dataset, index, context):
     """(:class:`SampleFinding`, pipeline output or ``None``) of one sample
     (``index`` in the dataset)."""
     info = _data_info(dataset, index)
+    # The sample's random augmentations drawn from its index: the same
+    # findings whatever the workers, the order, an interruption. The CPU
+    # generator alone: torch.manual_seed's visit of every device type
+    # costs 30 times as much (90 us a sample).
+    random.seed(index)
+    np.random.seed(index % 2**32)
+    torch.default_generator.manual_seed(index)
     try:
         item = dataset[index]
     except Exception as error:  # noqa: BLE001 - it would stop training too
@@ -173,9 +201,138 @@ def check_sample(dataset, index, context):
     result = check_batch(batch, angle_range=context.angle_range,
                          declared=[declared_size(dataset, info)])[0]
     result.index = index
-    result.problems.extend(label_problems(sample, context.num_classes))
+    result.problems.extend(label_problems(
+        getattr(getattr(sample, 'gt_instances', None), 'labels', None),
+        context.num_classes))
     result.problems.extend(segmentation_problems(sample, context))
     return result, item
+
+
+# EXIF's orientation tag; 5 to 8 turn the image by 90 degrees.
+_ORIENTATION = 0x0112
+
+# How the fast mode learns the file's size, and what follows from a
+# mismatch (the full pass: ``as loaded (ori_shape)``).
+_BY_HEADER = ('by its header: boxes beyond its real border pass the '
+              'dataset\'s filter and the pipeline clips them')
+
+
+class ImageLoading(object):
+    """How a train pipeline loads its image files, as far as the fast mode
+    needs to know without running it.
+
+    Args:
+        orientation (bool): Whether the loader turns an image by its EXIF
+            orientation (mmcv's ``cv2`` and ``pillow`` backends do for the
+            ``'color'`` and ``'grayscale'`` color types).
+        backend_args (dict, optional): The loader's file backend arguments.
+    """
+
+    def __init__(self, orientation=True, backend_args=None):
+        self.orientation = orientation
+        self.backend_args = backend_args
+
+    @classmethod
+    def of(cls, dataset):
+        """Read from the first image loader of a dataset's pipeline (that of
+        the first dataset it wraps); mmcv's defaults without one."""
+        queue = [dataset]
+        while queue:
+            node = queue.pop(0)
+            for step in getattr(getattr(node, 'pipeline', None),
+                                'transforms', None) or []:
+                if hasattr(step, 'color_type') and hasattr(
+                        step, 'imdecode_backend'):
+                    return cls(
+                        step.color_type in ('color', 'grayscale')
+                        and step.imdecode_backend in ('cv2', 'pillow'),
+                        getattr(step, 'backend_args', None))
+            inner = getattr(node, 'dataset', None)
+            queue.extend([inner] if inner is not None else [])
+            queue.extend(getattr(node, 'datasets', None) or [])
+        return cls()
+
+
+def header_size(path, loading):
+    """``(width, height)`` of an image file as the pipeline loads it, read
+    from its header alone (PIL opens files lazily: no pixel is decoded).
+
+    Args:
+        path (str): The file (a URI goes through mmengine's file backends,
+            which fetch the whole file).
+        loading (ImageLoading): How the pipeline loads it.
+
+    Raises:
+        Exception: The file cannot be read or is no image PIL knows.
+    """
+    from PIL import Image
+    source = path
+    if '://' in path:
+        from mmengine import fileio
+        source = io.BytesIO(fileio.get(path,
+                                       backend_args=loading.backend_args))
+    with Image.open(source) as image:
+        width, height = image.size
+        # Only where the header held it: PNG's getexif decodes otherwise.
+        orientation = (image.getexif().get(_ORIENTATION)
+                       if 'exif' in image.info else None)
+    if loading.orientation and orientation in (5, 6, 7, 8):
+        return height, width
+    return width, height
+
+
+def check_annotation(dataset, index, context, loading):
+    """(:class:`SampleFinding`, ``None``) of one sample from its data info
+    and its image file's header: no decoding, no pipeline.
+
+    The boxes are checked as annotated, against the image's real size (the
+    declared one where the file cannot be read), and so are the labels; the
+    instances marked ``ignore_flag`` are left out, as mmdet's
+    ``PackDetInputs`` leaves them out of the GT the loss sees.
+
+    Args:
+        dataset: The train dataset.
+        index (int): The sample's index in it.
+        context (DatasetContext): What the checks need of the config.
+        loading (ImageLoading): How the pipeline loads its image files.
+    """
+    info = _data_info(dataset, index)
+    path = info.get('img_path')
+    problems, real = [], None
+    if path is not None:
+        try:
+            real = header_size(str(path), loading)
+        except Exception as error:  # noqa: BLE001 - the loader would fail
+            problems.append(DataProblem(
+                ProblemCategory.PIPELINE, one_line(
+                    'the image file cannot be read: {}: {}'.format(
+                        type(error).__name__, error))))
+    declared = declared_size(dataset, info)
+    mismatch = None if real is None else declared_size_problem(
+        declared, real, _BY_HEADER)
+    problems.extend([mismatch] if mismatch else [])
+    kept = [instance for instance in info.get('instances') or []
+            if not instance.get('ignore_flag')]
+    boxes = [instance['bbox'] for instance in kept if 'bbox' in instance]
+    size = real or declared
+    try:
+        if boxes:
+            problems.extend(check_boxes(
+                np.asarray(boxes, dtype=np.float64),
+                None if size is None else (size[1], size[0]),
+                context.angle_range))
+        labels = label_problems(
+            [instance['bbox_label'] for instance in kept
+             if 'bbox_label' in instance], context.num_classes)
+    except (TypeError, ValueError) as error:
+        # Ragged or non-numeric boxes or labels: what a scan is for.
+        problems.append(DataProblem(ProblemCategory.PIPELINE, one_line(
+            'the annotation cannot be read as boxes and labels: {}: '
+            '{}'.format(type(error).__name__, error))))
+        labels = []
+    result = SampleFinding(index, path, capped(problems))
+    result.problems.extend(labels)
+    return result, None
 
 
 def show_sample(directory, dataset, finding, item):
@@ -205,10 +362,10 @@ CHUNK = 16
 
 
 def _check_chunk(indices):
-    dataset, context, show = _WORK
+    dataset, context, show, check = _WORK
     found = []
     for index in indices:
-        result, item = check_sample(dataset, index, context)
+        result, item = check(dataset, index, context)
         if result.problems:
             paths = show_sample(show, dataset, result, item) if show else []
             found.append((result, paths))
@@ -216,13 +373,18 @@ def _check_chunk(indices):
 
 
 def _quiet_worker():
-    import torch
     # One thread a worker: the workers are the parallelism.
     torch.set_num_threads(1)
+    # Ctrl-C and a kill are the parent's to handle: it ends the pool and
+    # saves what is done; a worker dies as the parent terminates it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def check_dataset(dataset, context, show=None, workers=1):
-    """Check every sample, in index order, yielding as each chunk is done.
+def check_dataset(dataset, context, show=None, workers=1, start=0,
+                  fast=False):
+    """Check every sample from ``start`` on, in index order, yielding as each
+    chunk is done.
 
     Args:
         dataset: The train dataset.
@@ -230,15 +392,25 @@ def check_dataset(dataset, context, show=None, workers=1):
         show (str, optional): Directory for the flagged samples' pictures.
         workers (int): Processes checking chunks at once (forked, so they
             share the dataset as built; 1: this process alone).
+        start (int): The first index checked.
+        fast (bool): Check each data info and its image file's header only
+            (:func:`check_annotation`), not the pipeline's output.
 
     Yields:
         tuple[int, list]: Samples checked, and ``(SampleFinding, picture
-        paths)`` of the flagged ones among them.
+        paths)`` of the flagged ones among them. A sample's random
+        augmentations are seeded by its index, so the findings do not
+        depend on ``workers`` nor ``start``.
     """
     global _WORK
     chunks = [range(i, min(i + CHUNK, len(dataset)))
-              for i in range(0, len(dataset), CHUNK)]
-    _WORK = (dataset, context, show)
+              for i in range(start, len(dataset), CHUNK)]
+    check = functools.partial(check_annotation,
+                              loading=ImageLoading.of(dataset)) \
+        if fast else check_sample
+    _WORK = (dataset, context, show, check)
+    # Each sample seeds the generators: the caller's states are put back.
+    rng = capture_rng()
     try:
         forks = 'fork' in multiprocessing.get_all_start_methods()
         if workers <= 1 or not forks:
@@ -255,10 +427,11 @@ def check_dataset(dataset, context, show=None, workers=1):
             pool.join()
     finally:
         _WORK = None
+        restore_rng(rng)
 
 
 def scan_config(config_path, progress=True, show=None, workers=1,
-                on_finding=None):
+                on_finding=None, fast=False, quarantine=None, resume=False):
     """Check every sample of a config's training dataset.
 
     Args:
@@ -272,6 +445,16 @@ def scan_config(config_path, progress=True, show=None, workers=1,
         workers (int): Processes checking samples at once.
         on_finding (callable, optional): Called with ``(SampleFinding,
             picture paths)`` as each bad sample is found, in index order.
+        fast (bool): Read each sample's data info and image header only
+            (:func:`check_annotation`): no decoding, no pipeline.
+        quarantine (str, optional): Write the bad samples there as a
+            quarantine list while the scan runs (rewritten atomically, at
+            most about once a second), with the scan's progress beside it
+            (``quarantine + '.progress'``, removed at the end; see
+            :mod:`._journal`).
+        resume (bool): Go on from the progress beside ``quarantine``: its
+            findings are reported again first, then the samples it had not
+            reached are checked. Without a record, the scan starts at 0.
 
     Returns:
         tuple[int, list[SampleFinding], dict]: The number of samples
@@ -282,26 +465,71 @@ def scan_config(config_path, progress=True, show=None, workers=1,
 
     Raises:
         DatasetError: The config cannot be loaded, its train dataset cannot
-            be built or ``show`` cannot be written; the message is one line.
+            be built, ``show`` or ``quarantine`` cannot be written, or the
+            progress to resume is of another scan; the message is one line.
     """
     from mmengine.utils import ProgressBar
 
-    dataset, context = build_dataset(load_config(config_path), config_path)
+    from ._journal import ScanJournal, scan_identity
+    if resume and quarantine is None:
+        raise ValueError('resume needs the quarantine file whose progress '
+                         'it resumes')
+    cfg = load_config(config_path)
+    dataset, context = build_dataset(cfg, config_path)
     if show is not None:
         try:
             os.makedirs(show, exist_ok=True)
         except OSError as error:
             raise DatasetError('cannot write pictures into {}: {}'.format(
                 show, error.strerror or error))
+    journal, start, found = None, 0, []
+    if quarantine is not None:
+        journal = ScanJournal(quarantine, scan_identity(
+            cfg, config_path, dataset, context, fast, show))
+        if resume:
+            start, found = journal.resume()
+        _save(journal, start, found, force=True)
     bar = ProgressBar(len(dataset), file=sys.stderr) if progress else None
-    bad, shown = [], {}
-    for checked, found in check_dataset(dataset, context, show, workers):
-        for result, paths in found:
-            bad.append(result)
-            if show is not None:
-                shown[result.index] = paths
-            if on_finding is not None:
-                on_finding(result, paths)
-        for _ in range(checked if bar is not None else 0):
-            bar.update()
-    return len(dataset), bad, shown
+    for result, paths in found:
+        if on_finding is not None:
+            on_finding(result, paths)
+    done = start
+    if bar is not None and start:
+        bar.update(start)
+    try:
+        with contextlib.closing(check_dataset(
+                dataset, context, show, workers, start, fast)) as chunks:
+            for checked, new in chunks:
+                for result, paths in new:
+                    found.append((result, paths))
+                    if on_finding is not None:
+                        on_finding(result, paths)
+                done += checked
+                if bar is not None:
+                    bar.update(checked)
+                if journal is not None:
+                    _save(journal, done, found)
+    except BaseException:
+        # Interrupted (Ctrl-C, a kill turned into an exception): what is
+        # done is kept for --resume; a failing save keeps the last one.
+        if journal is not None:
+            with contextlib.suppress(DatasetError):
+                _save(journal, done, found, force=True)
+        raise
+    if journal is not None:
+        try:
+            journal.finish(found)
+        except OSError as error:
+            raise DatasetError('cannot write {}: {}'.format(
+                quarantine, error.strerror or error))
+    shown = dict((result.index, paths) for result, paths in found) \
+        if show is not None else {}
+    return len(dataset), [result for result, _ in found], shown
+
+
+def _save(journal, done, found, force=False):
+    try:
+        journal.update(done, found, force)
+    except OSError as error:
+        raise DatasetError('cannot write {}: {}'.format(
+            journal.quarantine, error.strerror or error))

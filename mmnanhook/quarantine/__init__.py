@@ -9,16 +9,21 @@
   before the decision, before the forward.
 * :mod:`._list`: :class:`Quarantine`, one run's list, read back on resume,
   keyed by file.
+* :mod:`._index`: :class:`SampleIndex`, a dataset's indices by image file,
+  one per dataset, which the quarantine, the composed guard and the
+  diagnosis share.
 """
 from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
                     read_quarantine, write_quarantine)
 from ._composed import PARTS, mixers, part_image
+from ._index import SampleIndex, sample_index
 from ._inflight import call_with
-from ._list import Quarantine, start_quarantine
+from ._list import Quarantine, prepare_index, start_quarantine
 from ._sampler import QuarantineSampler, install_sampler
 
 __all__ = [
-    'call_with', 'FILE_NAME', 'mixers', 'part_image', 'PARTS', 'FORMAT', 'Quarantine', 'QuarantineError',
-    'QuarantineSampler', 'QuarantinedSample', 'install_sampler',
-    'read_quarantine', 'start_quarantine', 'write_quarantine'
+    'call_with', 'FILE_NAME', 'mixers', 'part_image', 'PARTS', 'FORMAT',
+    'Quarantine', 'QuarantineError', 'QuarantineSampler', 'QuarantinedSample',
+    'SampleIndex', 'install_sampler', 'prepare_index', 'read_quarantine',
+    'sample_index', 'start_quarantine', 'write_quarantine'
 ]

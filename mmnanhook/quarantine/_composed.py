@@ -26,6 +26,7 @@ import multiprocessing
 import numpy as np
 
 from .._patch import set_attribute
+from ._index import sample_index
 
 # The metainfo key of a composed sample's parts.
 PARTS = 'mmnan_parts'
@@ -83,20 +84,13 @@ class _Source(object):
     def __init__(self, dataset):
         self.dataset = dataset
         self.flags = _shared_flags(len(dataset))
-        self._files = None
 
     def blocked(self, index):
         return index is not None and 0 <= index < len(self.flags) and bool(
             self.flags[index])
 
     def block(self, file):
-        if self._files is None:
-            # Failure path, once: the file each index loads.
-            self._files = {}
-            for index in range(len(self.dataset)):
-                info = self.dataset.get_data_info(index)
-                self._files.setdefault(info.get('img_path'), []).append(index)
-        for index in self._files.get(file, ()):
+        for index in sample_index(self.dataset).indices(file):
             self.flags[index] = 1
 
 

@@ -128,8 +128,18 @@ def write_quarantine(path, samples):
     Raises:
         OSError: The directory is not writable (the caller decides).
     """
-    data = dict(format=FORMAT, version=VERSION,
-                samples=[s.to_dict() for s in samples])
+    write_json_atomically(path, dict(
+        format=FORMAT, version=VERSION,
+        samples=[s.to_dict() for s in samples]))
+
+
+def write_json_atomically(path, data):
+    """Write ``data`` as JSON to ``path``: whole or not at all (a temporary
+    file in the same directory, fsynced, renamed over ``path``).
+
+    Raises:
+        OSError: The directory is not writable (the caller decides).
+    """
     tmp = osp.join(osp.dirname(osp.abspath(path)), '.%s.%s' % (
         osp.basename(path), uuid.uuid4().hex))
     # Not mkstemp: its 0600 would hide the list from whoever reads the work

@@ -9,18 +9,12 @@ from .._log import log
 from ._file import (FILE_NAME, QuarantinedSample, QuarantineError,
                     check_writable, keep_previous, read_quarantine,
                     write_quarantine)
-from ._composed import guard_composed
+from ._composed import guard_composed, mixers
+from ._index import BACKGROUND_FROM, sample_index
 from ._inflight import replace_data, without_files
 from ._sampler import Substitutes, install_sampler
 from ._stream import install_stream
 from ._workers import hand_over, stale_iterators
-
-
-def _img_path(dataset, index):
-    # A plain torch Dataset names no files: nothing to key by.
-    get_info = getattr(dataset, 'get_data_info', None)
-    info = get_info(index) if get_info is not None else None
-    return info.get('img_path') if isinstance(info, dict) else None
 
 
 class Quarantine(object):
@@ -53,7 +47,6 @@ class Quarantine(object):
         self.files = set()
         self.gone = []
         self.removed = 0
-        self._by_file = None
         self._remove = ()
         self._composed = None
         self._hand_over = None
@@ -190,16 +183,10 @@ class Quarantine(object):
         return replace_data(args, kwargs, batch)
 
     def indices_of(self, file):
-        """Every index of the train dataset that loads ``file``."""
-        if self._by_file is None:
-            # Once per run, at the first listed or quarantined file: the
-            # dataset wrappers (Repeat, Concat, ClassBalanced) map indices
-            # themselves.
-            self._by_file = {}
-            for index in range(len(self.dataset)):
-                self._by_file.setdefault(_img_path(self.dataset, index),
-                                         []).append(index)
-        return list(self._by_file.get(file) or [])
+        """Every index of the train dataset that loads ``file`` (the
+        dataset wrappers, Repeat, Concat, ClassBalanced, map indices
+        themselves)."""
+        return sample_index(self.dataset).indices(file)
 
     def add(self, file, reason, **where):
         """Quarantine the sample of ``file``.
@@ -300,6 +287,27 @@ class Quarantine(object):
         """
         if self.writes:
             write_quarantine(self.path, self.samples)
+
+
+def prepare_index(dataset):
+    """Start walking the train dataset, and each dataset its Mosaic/MixUp
+    partners are drawn from, for their :class:`SampleIndex`: in a forked
+    child for a large one (``BACKGROUND_FROM`` samples, its infos serialized
+    as mmengine's ``BaseDataset`` does by default), else at the first
+    lookup. Before the dataloader's workers fork: they inherit it.
+
+    Args:
+        dataset: The train dataset, in ``before_train``.
+    """
+    sources = [source for _, source, _ in mixers(dataset)]
+    for each in [dataset] + sources:
+        # A dataset whose infos are Python objects (``serialize_data=False``)
+        # would be copied page by page into the child (its walk touches
+        # every object's count): walked at the first lookup instead.
+        if hasattr(each, 'get_data_info') and len(
+                each) >= BACKGROUND_FROM and getattr(each, 'serialize_data',
+                                                     True):
+            sample_index(each).start()
 
 
 def start_quarantine(runner, reviewed=None, path=None, writes=True):

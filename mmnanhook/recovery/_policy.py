@@ -135,14 +135,14 @@ class Policy(object):
         return event.trigger != Trigger.EXCEPTION and \
             self.of(event) == 'rewind'
 
-    def diagnoses(self, event, rewinds):
-        """Whether this rank replays and diagnoses ``event``: a trigger
-        whose batch on this rank is implicated, and a spike only when it
-        stops or rewinds training."""
+    def diagnosers(self, event, rewinds):
+        """The ranks that replay and diagnose ``event``: those whose batch
+        is implicated (every rank when none is singled out), and for a spike
+        only when it stops or rewinds training."""
         spike = event.trigger == Trigger.SPIKE
         if spike and not rewinds and self.of(event) != 'raise':
-            return False
-        return not event.bad_ranks or event.rank in event.bad_ranks
+            return []
+        return list(event.bad_ranks or range(event.world_size))
 
     def drops(self, event, data):
         """Whether ``event``'s step is recomputed without samples: a

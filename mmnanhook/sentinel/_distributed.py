@@ -10,10 +10,11 @@ each rank's own diagnosis found. :class:`Ranks` carries both:
   any rank's forward raised. A rank whose forward went fine learns it there
   (:class:`PeerForwardFailed`) instead of waiting in DDP's gradient
   all-reduce for a rank that never comes. :class:`ForwardGuard` votes so
-  before every collective a train step calls from Python as well (mmdet's
-  ``reduce_mean`` of a loss normalizer comes after its assigner, which may
-  raise on one rank): a rank stops at the first collective the raising rank
-  never reaches.
+  before the first collective a train step calls from Python as well
+  (mmdet's ``reduce_mean`` of a loss normalizer comes after its assigner,
+  which may raise on one rank), and a rank whose forward raises after it
+  calls the others' remaining collectives of the step with zeros: no rank
+  waits in a collective the raising rank never reaches.
 * :meth:`Ranks.exchange`, once per trigger every rank saw, after the ranks
   that triggered replayed their batch alone: each rank's
   :class:`~mmnanhook.records.RankFinding` gathered on every rank, from which
@@ -21,20 +22,29 @@ each rank's own diagnosis found. :class:`Ranks` carries both:
   (:func:`~mmnanhook.recovery.drop_decision`), names the culprit in its
   bundle and quarantines the union.
 
-Votes and exchanges travel in a gloo group of their own (under NCCL too, so
+Votes and exchanges travel in gloo groups of their own (under NCCL too, so
 that a vote is a host round trip, not a device sync; never paired with a
-collective of the model's), with a timeout long enough for a diagnosis.
+collective of the model's): the votes and decisions with the run's timeout
+(``env_cfg.dist_cfg.timeout``), the exchange with one long enough for a
+diagnosis. A rank that does not answer in time stops the others with one
+line that names it (:class:`~mmnanhook.errors.RankTimeoutError`).
 """
+import collections
 import datetime
 import functools
 import os
+import re
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 from mmengine.dist import all_gather_object, get_dist_info
+from mmengine.logging import MMLogger
+from torch.distributed.constants import default_pg_timeout
 
-from ..errors import PeerForwardFailed
+from .. import compat
+from ..errors import PeerForwardFailed, RankTimeoutError
 from ..records import RankFinding
 from ..recovery import drop_decision
 
@@ -45,8 +55,15 @@ COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor',
                'all_to_all_single', 'barrier', 'monitored_barrier', 'gather',
                'scatter', 'all_gather_object', 'broadcast_object_list',
                'all_reduce_coalesced')
-# The ranks wait this long in an exchange for the ranks that diagnose.
-_TIMEOUT = datetime.timedelta(hours=2)
+# The ranks wait at least this long in an exchange for the ranks that
+# diagnose: a diagnosis has no time limit of its own, and the replays of a
+# large detector under anomaly mode (each fix verified) take minutes.
+_DIAGNOSIS_WAIT = datetime.timedelta(hours=2)
+# After a collective of ours failed, how long each rank still there waits
+# for the others' word before naming those that never gave it. Every rank
+# that answered in time fails within one timeout of the first (it entered
+# before that one gave up): the wait is that, at most a few seconds.
+_ANSWER_WAIT = datetime.timedelta(seconds=10)
 # mmnanhook itself, by the name it was imported under.
 _PACKAGE = __name__.split('.')[0] + '.'
 # Callers whose collectives need no vote: mmnanhook's own (the votes, the
@@ -58,34 +75,67 @@ _EXEMPT = (_PACKAGE, 'torch.nn.modules._functions',
 
 
 class Ranks(object):
-    """The ranks of a distributed run, and the group they decide in.
+    """The ranks of a distributed run, and the groups they decide in.
 
     Args:
         rank (int): This rank.
         world_size (int): The ranks.
-        group: The gloo process group (``dist.group.WORLD``: the default
-            one; torch 1.7 refuses ``None``).
-        own_group (bool): Whether :meth:`close` destroys ``group``.
+        group: The gloo process group of the votes and decisions
+            (``dist.group.WORLD``: the default one; torch 1.7 refuses
+            ``None``).
+        own_group (bool): Whether :meth:`close` destroys ``group`` and
+            ``exchange_group``.
+        timeout (datetime.timedelta, optional): ``group``'s, said when a
+            rank does not answer in time; torch's default by default.
+        exchange_group (optional): The gloo group of :meth:`exchange`;
+            ``group`` by default.
+        exchange_timeout (datetime.timedelta, optional): Its timeout;
+            ``timeout`` by default.
     """
 
-    def __init__(self, rank, world_size, group, own_group=False):
+    # Ranks made in this process: the same count on every rank, which
+    # starts the same runs in the same order. It keeps a failure's store
+    # keys apart from an earlier run's.
+    _made = 0
+
+    def __init__(self, rank, world_size, group, own_group=False,
+                 timeout=None, exchange_group=None, exchange_timeout=None):
         self.rank = rank
         self.world_size = world_size
         self.group = group
         self._own_group = own_group
+        self.timeout = timeout or default_pg_timeout
+        self.exchange_group = exchange_group or group
+        self.exchange_timeout = exchange_timeout or self.timeout
+        Ranks._made += 1
+        self._id = Ranks._made
+        # Collectives of ours so far, alike on every rank: a failure's keys.
+        self._calls = 0
+        # The RankTimeoutError of a failed collective: the groups are broken.
+        self._failed = None
 
     @classmethod
-    def start(cls):
+    def start(cls, timeout=None):
         """The run's :class:`Ranks`, or ``None`` without other ranks.
 
         Called on every rank at the same point (``before_train``): creating
         a group is itself a collective.
+
+        Args:
+            timeout (datetime.timedelta, optional): The run's
+                (:func:`run_timeout`): the votes' and decisions'. The
+                exchange waits at least two hours, for a diagnosis.
         """
         rank, world_size = get_dist_info()
         if world_size < 2:
             return None
+        timeout = timeout or default_pg_timeout
+        exchange_timeout = max(timeout, _DIAGNOSIS_WAIT)
         return cls(rank, world_size,
-                   dist.new_group(backend='gloo', timeout=_TIMEOUT), True)
+                   dist.new_group(backend='gloo', timeout=timeout), True,
+                   timeout,
+                   dist.new_group(backend='gloo', timeout=exchange_timeout),
+                   exchange_timeout)
 
     @property
     def writes(self):
@@ -100,9 +150,9 @@ class Ranks(object):
         (``'min'``/``'max'``): a decision every rank takes alike (failure
         path)."""
         tensor = torch.tensor([float(value)])
-        dist.all_reduce(tensor, op=dict(min=dist.ReduceOp.MIN,
-                                        max=dist.ReduceOp.MAX)[op],
-                        group=self.group)
+        self._collective('a decision of the ranks', lambda: dist.all_reduce(
+            tensor, op=dict(min=dist.ReduceOp.MIN,
+                            max=dist.ReduceOp.MAX)[op], group=self.group))
         return tensor.item()
 
     def vote(self, raised):
@@ -113,7 +163,8 @@ class Ranks(object):
         """
         flags = torch.zeros(self.world_size)
         flags[self.rank] = float(bool(raised))
-        dist.all_reduce(flags, group=self.group)
+        self._collective('the vote before backward', lambda: dist.all_reduce(
+            flags, group=self.group))
         return [r for r, flag in enumerate(flags.tolist()) if flag > 0]
 
     def before_backward(self):
@@ -135,22 +186,168 @@ class Ranks(object):
         Returns:
             list[RankFinding]: Every rank's, by rank.
         """
-        return [RankFinding.from_dict(f) for f in all_gather_object(
-            finding.to_dict(), group=self.group)]
+        return [RankFinding.from_dict(f) for f in self._collective(
+            'the exchange of findings', lambda: all_gather_object(
+                finding.to_dict(), group=self.exchange_group), True)]
 
     def close(self):
-        """Give back the group of its own (local: no collective)."""
+        """Give back the groups of its own (local: no collective)."""
         if self._own_group:
-            dist.destroy_process_group(self.group)
+            for group in {self.group, self.exchange_group}:
+                dist.destroy_process_group(group)
+            # destroy_process_group leaves a group's gloo threads running
+            # while a reference to it remains (torch 1.7.1 and 2.13): the
+            # last one goes here, so that they end with the run, not when
+            # (or whether) this object is collected.
+            self.group = self.exchange_group = None
         self._own_group = False
+
+    def _collective(self, what, call, exchange=False):
+        """``call()``, a collective of ours (``what``, in the exchange's
+        group if ``exchange``); when it fails (gloo's timeout, or a peer
+        gone), the line that names the ranks that did not answer is logged
+        and raised.
+
+        Raises:
+            RankTimeoutError: This collective failed, or an earlier one did
+                (the groups are broken: this one would fail too).
+        """
+        if self._failed is not None:
+            raise self._failed
+        self._calls += 1
+        try:
+            return call()
+        except RuntimeError as exc:
+            timeout = self.exchange_timeout if exchange else self.timeout
+            absent = self._absent(min(timeout, _ANSWER_WAIT))
+            line = _not_answered(absent, what, timeout, exchange, exc)
+            MMLogger.get_current_instance().error(line)
+            self._failed = RankTimeoutError(line, absent or [])
+            raise self._failed from exc
+
+    def _absent(self, wait):
+        """After a failed collective: this rank says it is here, and waits
+        up to ``wait`` for the others to say so (in the default group's
+        store, which outlives our groups; nothing is paid before a
+        failure).
+
+        Returns:
+            list[int] | None: The ranks that did not; ``None``: the store
+            is gone (its host with it).
+        """
+        prefix = 'mmnan/alive/%d.%d/' % (self._id, self._calls)
+        others = [r for r in range(self.world_size) if r != self.rank]
+        deadline = time.time() + wait.total_seconds()
+        try:
+            store = compat.default_store()
+            store.add(prefix + str(self.rank), 1)
+            while True:
+                # add(key, 0) tells whether a key was set without waiting
+                # (torch 1.7's store has no check()).
+                others = [r for r in others
+                          if not store.add(prefix + str(r), 0)]
+                if not others or time.time() >= deadline:
+                    return others
+                time.sleep(0.05)
+        except RuntimeError:
+            return None
+
+
+def _not_answered(absent, what, timeout, exchange, exc):
+    """The one line of a failed collective of ours (see
+    :meth:`Ranks._collective`)."""
+    if absent:
+        return 'mmnanhook: rank%s %s did not answer %s within %s (%s): ' \
+            'stopping' % ('s' if len(absent) > 1 else '',
+                          ', '.join(map(str, absent)), what, timeout,
+                          'the wait for a diagnosis' if exchange else
+                          'env_cfg.dist_cfg.timeout')
+    # gloo's first line, without the source location it starts with.
+    cause = re.sub(r'^\[[^]]*\]\s*', '', (str(exc).strip().splitlines()
+                                          or [type(exc).__name__])[0])
+    return 'mmnanhook: %s failed (%s); %s: stopping' % (
+        what, cause[:200], 'which rank did not answer is unknown (the '
+        'store is gone too)' if absent is None else 'every rank answered '
+        'after it')
+
+
+def run_timeout(cfg):
+    """The timeout of a run's collectives: ``env_cfg.dist_cfg.timeout`` of
+    its config (seconds, which MMEngine's ``init_dist`` gives the default
+    group; a ``timedelta`` is taken as is), torch's default (30 min) where
+    unset.
+
+    Args:
+        cfg (Config): The runner's (``runner.cfg``).
+
+    Returns:
+        datetime.timedelta
+    """
+    timeout = (cfg.get('env_cfg') or {}).get('dist_cfg', {}).get('timeout')
+    if timeout is None:
+        return default_pg_timeout
+    if isinstance(timeout, datetime.timedelta):
+        return timeout
+    return datetime.timedelta(seconds=timeout)
+
+
+# Collectives a rank can call again from their record, with zeros of their
+# tensors' shapes (ForwardGuard): all that mmdet's reduce_mean and
+# all_reduce_dict and mmengine.dist's tensor helpers call.
+REPLAYABLE = frozenset(('all_reduce', 'all_gather', 'all_gather_into_tensor',
+                        '_all_gather_base', 'broadcast', 'barrier'))
+
+# A tensor argument of a recorded collective: called again as zeros.
+_Zeros = collections.namedtuple('_Zeros', 'shape dtype device')
+
+
+def _signature(name, args, kwargs):
+    """What calls the collective ``name`` again with zeros for its tensors
+    (no tensor kept); ``None`` for one not :data:`REPLAYABLE`."""
+    if name not in REPLAYABLE:
+        return None
+    return name, tuple(_spec(a) for a in args), dict(
+        (k, _spec(v)) for k, v in kwargs.items())
+
+
+def _spec(value):
+    if isinstance(value, torch.Tensor):
+        return _Zeros(tuple(value.shape), value.dtype, value.device)
+    if isinstance(value, list):
+        # all_gather's tensors.
+        return [_spec(v) for v in value]
+    return value
+
+
+def _zeros(spec):
+    if isinstance(spec, _Zeros):
+        return torch.zeros(spec.shape, dtype=spec.dtype, device=spec.device)
+    if isinstance(spec, list):
+        return [_zeros(s) for s in spec]
+    return spec
 
 
 class ForwardGuard(object):
-    """While a train step runs, every collective it calls from Python (but
-    mmnanhook's own, and those of batch norms that share statistics) waits
-    for the ranks' vote first: a rank whose forward raised before it votes so
-    from its handler, and the others stop there (:class:`PeerForwardFailed`)
-    instead of waiting for it in that collective.
+    """While a train step runs, no rank waits in a collective it calls from
+    Python (but mmnanhook's own, and those of batch norms that share
+    statistics) for a rank whose forward raised: that rank votes so from
+    its handler, and the others stop at a vote (:class:`PeerForwardFailed`).
+
+    A vote is a host round trip: one before every collective would cost
+    mmdet's DINO 26 a step (a ``reduce_mean`` per loss term and decoder
+    layer). The guard votes before the first collective of a step, and
+    records each collective the step calls (:func:`_signature`, a list
+    append): the same model in the same mode calls the same ones every
+    step. A rank whose forward raises after that vote first calls the
+    others' remaining collectives, up to their next vote, as the last step
+    recorded them, with zeros (:meth:`abandon`): they go on with garbage to
+    their vote before backward, and stop there. Where that cannot be done,
+    the step votes before every collective, as every rank alike: in the
+    first step (nothing recorded), from the first collective that is not
+    the recorded one at its position or not :data:`REPLAYABLE`, after the
+    step's first backward (a second optimizer's forward, an update step
+    recomputed: the record is of the first forward), and once a forward
+    raised in the step.
 
     Args:
         ranks (Ranks): The run's ranks.
@@ -158,8 +355,8 @@ class ForwardGuard(object):
             (those of the model's own communicating modules).
 
     Attributes:
-        seen (int): Collectives the train steps called (and voted before):
-            a rank without samples could not take part in them.
+        seen (int): Collectives the train steps called: a rank without
+            samples could not take part in them.
     """
 
     def __init__(self, ranks, exempt=()):
@@ -168,6 +365,18 @@ class ForwardGuard(object):
         self.active = False
         self.seen = 0
         self._real = {}
+        # The signatures of the collectives of the last step whose forward
+        # raised on no rank, before its first backward.
+        self._record = None
+        # This step's so far, and how many of them returned.
+        self._calls = []
+        self._done = 0
+        # This step's collectives from this position on are voted before.
+        self._voted_from = 0
+        # () -> the backwards so far; their count when the step began.
+        self._backwards = None
+        self._first = 0
+        self._raised = False
 
     def install(self):
         """Put the guarded collectives in ``torch.distributed``."""
@@ -175,13 +384,57 @@ class ForwardGuard(object):
             real = getattr(dist, name, None)
             if real is not None:
                 self._real[name] = real
-                setattr(dist, name, self._guarded(real))
+                setattr(dist, name, self._guarded(name, real))
 
     def remove(self):
         """Put the real ones back."""
         for name, real in self._real.items():
             setattr(dist, name, real)
         self._real = {}
+
+    def begin(self, backwards):
+        """A train step starts.
+
+        Args:
+            backwards (callable): ``() -> int``: the backwards so far (the
+                collectives after the step's first are not recorded).
+        """
+        self.active = True
+        self._backwards, self._first = backwards, backwards()
+        self._calls, self._done, self._raised = [], 0, False
+        record = self._record or []
+        self._voted_from = record.index(None) if None in record \
+            else len(record)
+
+    def end(self):
+        """The train step ended: what it called is the record, unless a
+        forward raised in it."""
+        self.active = False
+        if not self._raised:
+            self._record = self._calls
+
+    def abandon(self, own):
+        """The train step's forward raised, on this rank (``own``: called
+        before its vote) or on another. From now on the step votes before
+        every collective, and is not recorded. A rank whose own forward
+        raised after the step's first vote first calls, with zeros, the
+        other ranks' collectives up to their next vote, as the last step
+        recorded them.
+
+        Args:
+            own (bool): Whether this rank's forward raised.
+        """
+        remaining = []
+        if (own and self._calls and self._done < self._voted_from
+                and self._backwards() == self._first):
+            remaining = self._record[self._done:self._voted_from]
+        self._raised, self._voted_from = True, 0
+        for name, args, kwargs in remaining:
+            work = self._real[name](*[_zeros(a) for a in args], **dict(
+                (k, _zeros(v)) for k, v in kwargs.items()))
+            if work is not None:
+                # Recorded with async_op=True.
+                work.wait()
 
     def communicates(self, modules):
         """What communicates in the model's train step, for
@@ -194,17 +447,37 @@ class ForwardGuard(object):
                          % self.seen)
         return found
 
-    def _guarded(self, real):
+    def _guarded(self, name, real):
         guard = self
 
         @functools.wraps(real)
         def guarded(*args, **kwargs):
-            if guard.active and not guard._exempt(sys._getframe(1)):
-                guard.seen += 1
+            if not guard.active or guard._exempt(sys._getframe(1)):
+                return real(*args, **kwargs)
+            guard.seen += 1
+            if guard._backwards() != guard._first:
                 guard.ranks.before_backward()
-            return real(*args, **kwargs)
+                return real(*args, **kwargs)
+            guard._before(name, args, kwargs)
+            result = real(*args, **kwargs)
+            guard._done += 1
+            return result
 
         return guarded
+
+    def _before(self, name, args, kwargs):
+        """Record a collective of the step's first forward; vote before it
+        where the ranks must (see the class)."""
+        position = len(self._calls)
+        signature = _signature(name, args, kwargs)
+        self._calls.append(signature)
+        if (position < self._voted_from
+                and signature != self._record[position]):
+            # Every rank leaves the record here: they called the collectives
+            # before this one together, and recorded the same step.
+            self._voted_from = position
+        if position == 0 or position >= self._voted_from:
+            self.ranks.before_backward()
 
     def _exempt(self, frame):
         # The first caller outside torch's and mmengine's wrappers decides.
@@ -216,7 +489,7 @@ class ForwardGuard(object):
         return False
 
 
-def start_distributed(model, find_communicating):
+def start_distributed(model, find_communicating, cfg):
     """The distributed side of a run, set up on every rank in
     ``before_train``: its :class:`Ranks`, the :class:`ForwardGuard` of its
     train steps (installed), and the model's modules that communicate in
@@ -225,12 +498,13 @@ def start_distributed(model, find_communicating):
     Args:
         model (nn.Module): The unwrapped model.
         find_communicating (callable): ``model -> [(name, module)]``.
+        cfg (Config): The runner's: its timeout (:func:`run_timeout`).
 
     Returns:
         tuple: ``(ranks, guard, modules)``; ``(None, None, [])`` without
         other ranks.
     """
-    ranks = Ranks.start()
+    ranks = Ranks.start(run_timeout(cfg))
     if ranks is None:
         return None, None, []
     modules = find_communicating(model)

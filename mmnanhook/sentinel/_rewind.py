@@ -7,12 +7,29 @@ newest ``keep`` stay. A rewind copies one back in place: the model's own
 tensors keep their identity, the optimizers keep their current param groups
 (learning rates and momenta as the schedulers set them), so the schedules
 run on as if nothing happened.
+
+At scale a full copy per rank does not fit a node (a 220M-parameter model
+with AdamW: 2.6 GB per rank, 8 ranks a node), and copying it stalls the
+training thread. So:
+
+* Under DDP every rank holds the same parameters and optimizer state: each
+  rank copies only its share of them (:class:`_Partition`, by parameter,
+  balanced by size), and a rewind broadcasts each share from its holder.
+  Buffers (BN statistics need not agree across ranks) and loss scalers are
+  small and copied whole on every rank.
+* The parameters and the optimizer state change only at the next optimizer
+  step: they are copied (and their norms taken) in a background thread while
+  the next forward and backward run, and the copy is waited for before that
+  step (:meth:`SnapshotStore.settle`). Buffers change in the next forward:
+  they are copied at once.
 """
 import collections
 import copy
 import logging
+import threading
 
 import torch
+import torch.distributed as dist
 
 
 def _to(obj, device):
@@ -26,13 +43,70 @@ def _to(obj, device):
     return copy.deepcopy(obj)
 
 
+class _Held(object):
+    """A tensor of a snapshot that another rank holds: what it is like."""
+
+    __slots__ = ('owner', 'shape', 'dtype')
+
+    def __init__(self, owner, tensor):
+        self.owner = owner
+        self.shape = tensor.shape
+        self.dtype = tensor.dtype
+
+
+class _Partition(object):
+    """Which rank holds which parameter's copies (with its optimizer
+    state): the same on every rank.
+
+    Args:
+        model (nn.Module): The model (unwrapped).
+        rank (int): This rank.
+        world_size (int): The ranks sharing the snapshots (1: no sharing).
+    """
+
+    def __init__(self, model, rank=0, world_size=1):
+        self.rank = rank
+        self.world_size = world_size
+        loads = [0] * world_size
+        self.by_name, self.by_param = {}, {}
+        named = list(model.named_parameters())
+        # Largest first, each to the least loaded rank: within one
+        # parameter of an even split.
+        for i in sorted(range(len(named)), key=lambda i: (
+                -named[i][1].numel() * named[i][1].element_size(), i)):
+            name, param = named[i]
+            owner = loads.index(min(loads))
+            loads[owner] += param.numel() * param.element_size()
+            self.by_name[name] = owner
+            self.by_param[id(param)] = owner
+
+    @property
+    def shared(self):
+        return self.world_size > 1
+
+    def owner_of(self, name):
+        """The rank holding state dict entry ``name``; ``None``: every rank
+        holds it (a buffer)."""
+        return self.by_name.get(name) if self.shared else None
+
+    def param_owners(self, optimizer):
+        """The rank holding each of ``optimizer``'s state entries, by its
+        index in the optimizer's state dict."""
+        params = [p for group in optimizer.param_groups
+                  for p in group['params']]
+        return [self.by_param.get(id(p), i % self.world_size)
+                for i, p in enumerate(params)]
+
+
 class Snapshot(object):
     """One saved training state.
 
     Attributes:
         iter (int): The iteration after whose update step it was taken.
-        model (dict): The model's state dict (parameters and buffers).
-        optimizers (list[dict]): Each optimizer's ``state`` (no groups).
+        model (dict): The model's state dict (parameters and buffers);
+            shared: this rank's parameters and every buffer.
+        optimizers (list[dict]): Each optimizer's ``state`` (no groups);
+            shared: entries another rank holds are :class:`_Held`.
         scalers (list[dict | None]): Each loss scaler's state dict.
         norms (dict): Parameter name -> its norm, for the divergence report.
     """
@@ -46,7 +120,8 @@ class Snapshot(object):
 
 
 def param_norms(model):
-    """Parameter name -> float norm (a host sync per call: rare paths only)."""
+    """Parameter name -> float norm (a host sync per call: the failure path,
+    and a snapshot's background copy)."""
     with torch.no_grad():
         named = [(n, p) for n, p in model.named_parameters()
                  if p.is_floating_point() and p.numel()]
@@ -69,27 +144,95 @@ class SnapshotStore(object):
     def __init__(self, interval=50, keep=2, device='cpu'):
         self.interval = interval
         self.device = torch.device(device)
+        self.partition = None
+        self.group = None
         self._snapshots = collections.deque(maxlen=keep)
+        self._copying = None
+        # Why the last snapshot was not kept (until its owner says it).
+        self.failed = None
 
     def __len__(self):
         return len(self._snapshots)
+
+    def share(self, partition, group=None):
+        """Hold only this rank's share of what every rank holds alike.
+
+        Args:
+            partition (_Partition): Who holds what.
+            group: The process group a rewind broadcasts the shares in.
+        """
+        self.partition = partition
+        self.group = group
 
     def due(self, iter):
         """Whether the good update step of ``iter`` is to be saved."""
         return (iter + 1) % self.interval == 0 or not self._snapshots
 
     def take(self, iter, model, wrappers):
-        """Save the state after the update step of ``iter``."""
-        optimizers = [_to(w.optimizer.state_dict()['state'], self.device)
-                      for w in wrappers]
-        scalers = [_scaler_state(w) for w in wrappers]
-        self._snapshots.append(Snapshot(
-            iter, _to(model.state_dict(), self.device), optimizers,
-            [_to(s, self.device) if s is not None else None
-             for s in scalers], param_norms(model)))
+        """Save the state after the update step of ``iter``; the parameters
+        and optimizer states are copied in the background (until
+        :meth:`settle`)."""
+        self.settle()
+        if len(self._snapshots) == self._snapshots.maxlen:
+            # Before the new copy is made: one snapshot less at the peak.
+            self._snapshots.popleft()
+        partition = self.partition or _Partition(model)
+        params = dict(model.named_parameters())
+        state = model.state_dict()
+        snapshot = Snapshot(iter, {}, [], [], None)
+        later = []
+        for name, tensor in state.items():
+            owner = partition.owner_of(name)
+            if owner is None and name not in params:
+                snapshot.model[name] = _to(tensor, self.device)
+            elif owner is None or owner == partition.rank:
+                later.append((snapshot.model, name, tensor))
+        for wrapper in wrappers:
+            entries = wrapper.optimizer.state_dict()['state']
+            owners = partition.param_owners(wrapper.optimizer) \
+                if partition.shared else None
+            kept = {}
+            for index, entry in entries.items():
+                owner = owners[index] if owners is not None else None
+                if owner is None or owner == partition.rank:
+                    later.append((kept, index, entry))
+                else:
+                    kept[index] = dict(
+                        (k, _Held(owner, v) if torch.is_tensor(v) else
+                         copy.deepcopy(v)) for k, v in entry.items())
+            snapshot.optimizers.append(kept)
+        snapshot.scalers = [_to(s, self.device) if s is not None else None
+                            for s in map(_scaler_state, wrappers)]
+        self._snapshots.append(snapshot)
+        self._copying = threading.Thread(
+            target=self._copy, args=(snapshot, later, model),
+            name='mmnanhook-snapshot', daemon=True)
+        self._copying.start()
+
+    def _copy(self, snapshot, later, model):
+        try:
+            for target, key, value in later:
+                target[key] = _to(value, self.device)
+            snapshot.norms = param_norms(model)
+        except Exception as error:  # noqa: BLE001 - said by settle()
+            self.failed = 'the snapshot after iter %d is not kept: %s: %s' % (
+                snapshot.iter, type(error).__name__, error)
+            snapshot.norms = None
+
+    def settle(self):
+        """Wait for the copy of the newest snapshot: before anything
+        changes what it copies (the next optimizer step), or uses it. A
+        copy that failed is forgotten (:attr:`failed` says why)."""
+        if self._copying is None:
+            return
+        self._copying.join()
+        self._copying = None
+        if self.failed is not None:
+            self._snapshots.pop()
 
     def before(self, iter):
         """The newest snapshot taken before iteration ``iter``, or ``None``."""
+        self.settle()
         for snapshot in reversed(self._snapshots):
             if snapshot.iter < iter:
                 return snapshot
@@ -98,24 +241,62 @@ class SnapshotStore(object):
     def drop_after(self, iter):
         """Forget the snapshots of iterations ``>= iter`` (they may hold the
         divergence)."""
+        self.settle()
         while self._snapshots and self._snapshots[-1].iter >= iter:
             self._snapshots.pop()
 
-    @staticmethod
-    def restore(snapshot, model, wrappers):
-        """Copy ``snapshot`` back into ``model`` and the optimizers, in place.
+    def restore(self, snapshot, model, wrappers):
+        """Copy ``snapshot`` back into ``model`` and the optimizers, in place
+        (shared: on every rank at once, each share broadcast by its
+        holder).
 
         Each optimizer keeps its current param groups: their learning rates
         are what the schedulers set for now.
         """
-        model.load_state_dict(snapshot.model)
+        self.settle()
+        partition = self.partition
+        if partition is None or not partition.shared:
+            model.load_state_dict(snapshot.model)
+        else:
+            live = model.state_dict()
+            with torch.no_grad():
+                for name, tensor in live.items():
+                    owner = partition.owner_of(name)
+                    if owner is not None:
+                        tensor.copy_(self._receive(
+                            snapshot.model.get(name), owner, tensor))
+            model.load_state_dict(dict(
+                (k, v) for k, v in snapshot.model.items()
+                if partition.owner_of(k) is None), strict=False)
         for wrapper, state, scaler in zip(wrappers, snapshot.optimizers,
                                           snapshot.scalers):
             current = wrapper.optimizer.state_dict()
-            current['state'] = copy.deepcopy(state)
+            # In one order on every rank: the broadcasts pair up.
+            current['state'] = dict(
+                (index, dict((k, self._value(v))
+                             for k, v in state[index].items()))
+                for index in sorted(state))
             wrapper.optimizer.load_state_dict(current)
             if scaler is not None:
                 wrapper.loss_scaler.load_state_dict(copy.deepcopy(scaler))
+
+    def _value(self, value):
+        """A snapshot's optimizer state value as it goes back."""
+        if isinstance(value, _Held):
+            return self._receive(None, value.owner, value)
+        if torch.is_tensor(value) and self.partition is not None and \
+                self.partition.shared:
+            return self._receive(value, self.partition.rank, value)
+        return copy.deepcopy(value)
+
+    def _receive(self, held, owner, like):
+        """``held`` from its holder ``owner``, broadcast to every rank."""
+        if owner == self.partition.rank:
+            buffer = held.to('cpu', copy=True)
+        else:
+            buffer = torch.empty(like.shape, dtype=like.dtype)
+        dist.broadcast(buffer, owner, group=self.group)
+        return buffer
 
 
 def _scaler_state(wrapper):
@@ -150,8 +331,17 @@ class Rewinder(object):
         self.cooldown_left = 0
         self.factor = 1.0
 
-    def start(self, model, wrappers):
-        """Save the state training starts from (iteration -1)."""
+    def start(self, model, wrappers, ranks=None):
+        """Save the state training starts from (iteration -1).
+
+        Args:
+            ranks (Ranks, optional): The ranks of a DDP run (every rank
+                holds the same parameters): each holds its share of the
+                snapshots.
+        """
+        if ranks is not None:
+            self.store.share(_Partition(model, ranks.rank, ranks.world_size),
+                             ranks.group)
         self.store.take(-1, model, wrappers)
 
     def after_update(self, iter, clean, model, wrappers, sentinels):
@@ -161,6 +351,10 @@ class Rewinder(object):
         Args:
             clean (bool): The step neither triggered nor spiked.
         """
+        # The copy was waited for before this step (HookRun.on_step).
+        if self.store.failed is not None:
+            self.log(logging.WARNING, 'mmnanhook: ' + self.store.failed)
+            self.store.failed = None
         if not clean:
             return
         if self.cooldown_left:
@@ -199,6 +393,13 @@ class Rewinder(object):
         if ranks is not None:
             since = int(ranks.reduce(since, 'min'))
         snapshot = self.store.before(since)
+        if ranks is not None:
+            # A copy that failed on one rank only: its shares are missing.
+            held = snapshot.iter if snapshot is not None else -2
+            if ranks.reduce(held, 'min') != ranks.reduce(held, 'max'):
+                return None, ('the ranks do not hold the same snapshot '
+                              'before iteration %s (a copy failed on one; '
+                              'see its log)' % (since, ))
         if snapshot is None:
             return None, ('no snapshot older than iteration %s to rewind to'
                           % (since, ))

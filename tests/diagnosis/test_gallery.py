@@ -424,8 +424,61 @@ def test_max_dumps_keeps_the_newest_bundles(tmp_path):
         num_images=6)
     runner.train()
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 3
-    bundles = _bundles(tmp_path / 'dumps')
-    assert sorted(load_bundle(b).manifest['iter'] for b in bundles) == [1, 2]
+    bundles = [load_bundle(b) for b in _bundles(tmp_path / 'dumps')]
+    # The newest, and the first: the only one holding the model state, which
+    # the others name.
+    assert sorted(b.manifest['iter'] for b in bundles) == [0, 2]
+    first, last = sorted(bundles, key=lambda b: b.manifest['iter'])
+    assert first.has('model') and not last.has('model')
+    assert last.state_bundle().path == first.path
+
+
+@pytest.mark.mmdet
+def test_a_later_bundle_of_a_kind_names_the_state_and_replays_from_it(
+        tmp_path):
+    from mmnanhook.cli._replay import replay_bundle
+    from mmnanhook.errors import BundleError
+    runner, _ = _runner(
+        tmp_path, 'retinanet_voc', {1: 'zero_size', 3: 'zero_size'},
+        hook=dict(policy='skip'), max_iters=2, num_images=4)
+    runner.train()
+    first, second = [load_bundle(b) for b in _bundles(tmp_path / 'dumps')]
+    assert first.has('model') and first.has('optimizer')
+    assert not second.has('model') and not second.has('optimizer')
+    assert first.manifest['run'] == runner.timestamp
+    assert second.manifest['state_from'] == dict(
+        iter=first.manifest['iter'], rank=0, run=runner.timestamp)
+    assert second.state_bundle().path == first.path
+    assert sorted(n for n in second.files if n.endswith('.pth')) == [
+        'data_batch.pth', 'rng.pth']
+
+    replayed = replay_bundle(second.path)[1]
+    # The batch is its own: its bad box is found again, on the state of the
+    # first bundle, and the report says so.
+    assert [s.index for s in replayed.samples] == [
+        s['index'] for s in second.report['samples']]
+    assert replayed.kind.value == second.report['kind']
+    assert second.state_note() in replayed.notes
+    assert 'iteration {}'.format(first.manifest['iter']) in \
+        second.state_note()
+
+    os.rename(first.path, str(tmp_path / 'moved'))
+    with pytest.raises(BundleError) as info:
+        replay_bundle(second.path)
+    assert '\n' not in str(info.value)
+    assert 'holds no model state' in str(info.value)
+
+
+@pytest.mark.mmdet
+def test_dump_state_every_writes_the_state_each_time(tmp_path):
+    runner, _ = _runner(
+        tmp_path, 'retinanet_voc', {1: 'zero_size', 3: 'zero_size'},
+        hook=dict(policy='skip', replay=False, dump_state='every'),
+        max_iters=2, num_images=4)
+    runner.train()
+    bundles = [load_bundle(b) for b in _bundles(tmp_path / 'dumps')]
+    assert len(bundles) == 2
+    assert all(b.has('model') and b.state_ref is None for b in bundles)
 
 
 # -- 11. an unwritable dump_dir ----------------------------------------------

@@ -13,7 +13,12 @@ Scenarios:
 * ``rewind``: rank 0 alone sees a spiked loss in iterations
   :data:`SPIKE_ITERS`; both ranks judge the mean loss of the ranks, skip
   the first spike and rewind at the second, to the same snapshot.
+* ``hung``: rank :data:`BAD_RANK` stops answering in iteration
+  :data:`BAD_ITER` (its forward sleeps until the other rank gave up on it),
+  under ``env_cfg.dist_cfg.timeout`` = :data:`HUNG_TIMEOUT` in the runner's
+  config: the other rank stops at its vote before backward, naming it.
 """
+import contextlib
 import importlib.util
 import json
 import math
@@ -34,20 +39,102 @@ BAD_SAMPLE, BAD_RANK, BAD_ITER = 5, 1, 1
 def _nan_loss(out_dir):
     from mmnanhook import NonFiniteError
     from mmnan_testing.toy import make_runner
+    env_cfg = dict(dist_cfg=dict(backend='gloo'))
     runner = make_runner(
         out_dir, faults={BAD_SAMPLE: 'inf_target'}, max_iters=4,
         hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
-        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
-        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
+        launcher='pytorch', env_cfg=env_cfg,
+        cfg=dict(env_cfg=env_cfg,
+                 model_wrapper_cfg=dict(type='MMDistributedDataParallel',
                                         device_ids=None)))
     result = dict(raised=False)
+    with ranks_started() as started:
+        try:
+            runner.train()
+        except NonFiniteError as exc:
+            result = dict(raised=True, trigger=exc.trigger, iter=exc.iter,
+                          rank=exc.rank, bad_ranks=exc.bad_ranks,
+                          message=str(exc), bundle=exc.bundle,
+                          kind=(exc.report or {}).get('kind'))
+    result.update(timeouts=started)
+    return result
+
+
+@contextlib.contextmanager
+def ranks_started():
+    """The timeouts (seconds: the votes', the exchange's) of the
+    :class:`~mmnanhook.sentinel.Ranks` that runs start meanwhile."""
+    from mmnanhook.sentinel import Ranks
+    started, start = [], Ranks.__dict__['start']
+
+    def recorded(cls, timeout=None):
+        ranks = start.__func__(cls, timeout)
+        started.append([ranks.timeout.total_seconds(),
+                        ranks.exchange_timeout.total_seconds()])
+        return ranks
+
+    Ranks.start = classmethod(recorded)
     try:
-        runner.train()
-    except NonFiniteError as exc:
-        result = dict(raised=True, trigger=exc.trigger, iter=exc.iter,
-                      rank=exc.rank, bad_ranks=exc.bad_ranks,
-                      message=str(exc), bundle=exc.bundle,
-                      kind=(exc.report or {}).get('kind'))
+        yield started
+    finally:
+        Ranks.start = start
+
+
+# The runner's env_cfg.dist_cfg.timeout (seconds) in the 'hung' scenario.
+HUNG_TIMEOUT = 3
+# Counts, in the default group's store, the ranks that gave up on the
+# sleeping one.
+_GIVEN_UP = 'mmnan_testing/given_up'
+
+
+def _hung(out_dir):
+    """The forward of the batch that holds :data:`BAD_SAMPLE` (rank
+    :data:`BAD_RANK`, iteration :data:`BAD_ITER` with 2 ranks) sleeps, well
+    past the timeout, until every other rank has given up on it; then it
+    votes, alone."""
+    import torch.distributed as dist
+
+    from mmnanhook import compat
+    from mmnanhook.errors import RankTimeoutError
+    from mmnan_testing.toy import ToyModel, log_text, make_runner
+    store = compat.default_store()
+    entered, slept = [], []
+    others = dist.get_world_size() - 1
+
+    class Sleepy(ToyModel):
+
+        def forward(self, inputs, fault=None, mode='tensor'):
+            entered.append(time.time())
+            if 'hang' in (fault or []):
+                slept.append(True)
+                # Bounded: ranks that never give up fail the launch.
+                deadline = time.time() + 120
+                while (store.add(_GIVEN_UP, 0) < others
+                       and time.time() < deadline):
+                    time.sleep(0.1)
+            return super(Sleepy, self).forward(inputs, fault, mode)
+
+    env_cfg = dict(dist_cfg=dict(backend='gloo', timeout=HUNG_TIMEOUT))
+    runner = make_runner(
+        out_dir, faults={BAD_SAMPLE: 'hang'}, model=Sleepy(), max_iters=4,
+        hook=dict(type='NanDetectHook', dump_dir=osp.join(out_dir, 'dumps')),
+        launcher='pytorch', env_cfg=env_cfg,
+        cfg=dict(env_cfg=env_cfg,
+                 model_wrapper_cfg=dict(type='MMDistributedDataParallel',
+                                        device_ids=None)))
+    result = dict(raised=None, iter=None)
+    with ranks_started() as started:
+        try:
+            runner.train()
+        except RankTimeoutError as exc:
+            # From the start of this rank's last forward: its vote follows.
+            result.update(raised=type(exc).__name__, message=str(exc),
+                          ranks=exc.ranks, iter=runner.iter,
+                          seconds=time.time() - entered[-1])
+        finally:
+            if not slept:
+                store.add(_GIVEN_UP, 1)
+    result.update(timeouts=started, log=log_text(runner))
     return result
 
 
@@ -238,6 +325,35 @@ def _raise_reduce(out_dir):
                      ToyNormalizedModel, policy='skip')
 
 
+# Rank 1's sample in the third iteration (2): ranks have recorded a step.
+LATE_SAMPLE, LATE_ITER = 9, 2
+
+
+def _raise_late(out_dir):
+    """The forward raises on rank 1 alone in iteration :data:`LATE_ITER`,
+    between the 5th and the 6th of its loss's 20 ``reduce_mean``, which
+    rank 0 goes on calling; 'skip'. ``votes``: the votes of each iteration
+    (:meth:`~mmnanhook.sentinel.Ranks.vote`)."""
+    from mmengine.logging import MessageHub
+
+    from mmnanhook.sentinel import Ranks
+    from mmnan_testing.toy import ToyNormalizedModel
+    votes, vote = [], Ranks.vote
+
+    def counted(self, raised):
+        votes.append(MessageHub.get_current_instance().get_info('iter'))
+        return vote(self, raised)
+
+    Ranks.vote = counted
+    try:
+        result = _drop_run(out_dir, {LATE_SAMPLE: 'nan_input_raise'},
+                           lambda: ToyNormalizedModel(5, 15), policy='skip')
+    finally:
+        Ranks.vote = vote
+    result.update(votes=[votes.count(i) for i in range(result['iter'])])
+    return result
+
+
 def _raise_drop(out_dir):
     """The same forward, 'drop': rank 1 takes the step again without it."""
     return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'})
@@ -328,8 +444,9 @@ SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop,
                  find_unused_parameters=True)),
              'drop_whole_static': _drop_whole(dict(static_graph=True)),
              'raise_skip': _raise_skip, 'raise_reduce': _raise_reduce,
-             'raise_drop': _raise_drop, 'syncbn_skip': _syncbn('skip'),
-             'syncbn_drop': _syncbn('drop'), 'nodes': _nodes}
+             'raise_late': _raise_late, 'raise_drop': _raise_drop,
+             'syncbn_skip': _syncbn('skip'), 'syncbn_drop': _syncbn('drop'),
+             'nodes': _nodes, 'hung': _hung}
 
 
 def _free_port():

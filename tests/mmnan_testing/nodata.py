@@ -6,10 +6,11 @@ sensor's footprint as NaN (nodata). :class:`LoadNodataImage` is mmcv's
 named in ``nodata``, and appends one line ``pid time load name`` to
 ``log_file`` for each load of one of them (``seen name`` for any other
 file; worker processes included), so a test can count where and when the
-tile was loaded, and which processes loaded images at all. :class:`LogComposedParts` appends a
-line for each composed sample that holds one of ``watch`` as a part (a
-Mosaic or MixUp served from a cache). Register both with
-:func:`register_nodata_transforms`.
+tile was loaded, and which processes loaded images at all.
+:class:`LogComposedParts` appends a line for each composed sample that holds
+one of ``watch`` as a part (a Mosaic or MixUp served from a cache). Register
+both with :func:`register_nodata_transforms`. :func:`log_index` logs what a
+worker process holds of the dataset's index.
 """
 import os
 import os.path as osp
@@ -126,3 +127,17 @@ def read_log(log_file):
             pid, stamp, rest = line.split(' ', 2)
             lines.append((int(pid), float(stamp), rest.split()))
     return lines
+
+
+def log_index(log_file, path, worker_id):
+    """A ``worker_init_fn`` that appends ``index BUILDS BUILT FOUND`` for
+    the worker's dataset: the walks of its :class:`SampleIndex` (inherited
+    from the process that forked it), whether it holds the arrays, and,
+    when it does, the indices that load ``path``."""
+    from torch.utils.data import get_worker_info
+    from mmnanhook.quarantine import sample_index
+    index = sample_index(get_worker_info().dataset)
+    built = index.nbytes > 0
+    found = index.indices(path) if built else []
+    _append(log_file, 'index %d %d %s' % (
+        index.builds, built, ','.join(map(str, found)) or '-'))

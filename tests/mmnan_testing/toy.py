@@ -168,15 +168,35 @@ class ToyNormalizedModel(ToyModel):
     """:class:`ToyModel` whose main loss is normalized by the batch size
     averaged over the ranks, as mmdet's heads divide by ``reduce_mean(
     num_pos)``: under DDP a collective every forward calls after the point
-    where a bad sample's loss raises (``nan_input_raise``)."""
+    where a bad sample's loss raises (``nan_input_raise``).
+
+    Args:
+        before (int): Averages taken before that point, as mmdet's DINO
+            takes one per loss term and decoder layer (only the last
+            normalizes).
+        after (int): Those taken after it (at least one).
+    """
+
+    def __init__(self, before=0, after=1):
+        super(ToyNormalizedModel, self).__init__()
+        self.before, self.after = before, after
 
     def loss(self, y, faults):
-        losses = super(ToyNormalizedModel, self).loss(y, faults)
         import torch.distributed as dist
         count = torch.tensor(float(y.shape[0]))
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(count.div_(dist.get_world_size()))
-        losses['loss_main'] = losses['loss_main'] * (y.shape[0] / count)
+
+        def reduce_mean():
+            mean = count.clone()
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(mean.div_(dist.get_world_size()))
+            return mean
+
+        for _ in range(self.before):
+            reduce_mean()
+        losses = super(ToyNormalizedModel, self).loss(y, faults)
+        for _ in range(self.after):
+            mean = reduce_mean()
+        losses['loss_main'] = losses['loss_main'] * (y.shape[0] / mean)
         return losses
 
 

@@ -1,8 +1,9 @@
 """Composed samples on mmdet's real datasets and transforms: the parts each
 Mosaic/CachedMosaic sample is made of are in its metainfo, a blocked file is
 never drawn or served from a cache again (in a persistent worker process
-too), the data and RNG draws are unchanged while nothing is blocked, and the
-diagnosis traces a NaN input to the partner it came from.
+too), the data and RNG draws are unchanged while nothing is blocked, the
+diagnosis traces a NaN input to the partner it came from, and the workers
+started anew after a handover hold the sample index walked once.
 
 8 synthetic COCO images of 64 px, in process unless said.
 """
@@ -13,59 +14,16 @@ import numpy as np
 import pytest
 import torch
 
-from mmnanhook.demo import synthetic
+from mmnan_testing import composed
+
 pytestmark = pytest.mark.mmdet
 
-IMAGES = 8
+IMAGES = composed.IMAGES
 
 
 @pytest.fixture(scope='module')
 def coco(tmp_path_factory):
-    return synthetic.make_coco_dataset(
-        str(tmp_path_factory.mktemp('coco')), num_images=IMAGES,
-        image_size=64)
-
-
-def _coco(data, pipeline):
-    return dict(type='CocoDataset', data_root=data['data_root'],
-                ann_file=synthetic.COCO_ANN_FILE,
-                data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'),
-                filter_cfg=dict(filter_empty_gt=False), pipeline=pipeline)
-
-
-_LOAD = [dict(type='LoadNodataImage', nodata=['000005.png']),
-         dict(type='LoadAnnotations', with_bbox=True)]
-
-
-# mmdet 3.1 asserts every meta key is there: no Resize, no scale_factor.
-_PACK = dict(type='PackDetInputs',
-             meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape'))
-
-
-def _build(cfg):
-    from mmengine.registry import init_default_scope
-    from mmdet.registry import DATASETS
-    from mmnan_testing.nodata import register_nodata_transforms
-    init_default_scope('mmdet')
-    register_nodata_transforms()
-    return DATASETS.build(cfg)
-
-
-def _mosaic(data):
-    # RepeatDataset(times=1): Mosaic draws randint(0, len) bounds included.
-    return _build(dict(
-        type='MultiImageMixDataset',
-        dataset=dict(type='RepeatDataset', times=1,
-                     dataset=_coco(data, _LOAD)),
-        pipeline=[dict(type='Mosaic', img_scale=(64, 64), pad_val=114.0),
-                  _PACK]))
-
-
-def _cached(data):
-    return _build(_coco(data, _LOAD + [
-        dict(type='CachedMosaic', img_scale=(64, 64), pad_val=114.0,
-             max_cached_images=6, random_pop=False),
-        _PACK]))
+    return composed.make_data(str(tmp_path_factory.mktemp('coco')))
 
 
 def _parts(sample):
@@ -80,7 +38,8 @@ def _draw(dataset, order, seed=0):
     return [dataset[i] for i in order]
 
 
-@pytest.mark.parametrize('make', [_mosaic, _cached], ids=['mosaic', 'cached'])
+@pytest.mark.parametrize('make', [composed.mosaic, composed.cached],
+                         ids=['mosaic', 'cached'])
 def test_parts_are_recorded_and_nothing_else_changes(coco, make):
     from mmnanhook.quarantine._composed import ComposedGuard
     order = list(range(IMAGES)) * 2
@@ -102,7 +61,8 @@ def test_parts_are_recorded_and_nothing_else_changes(coco, make):
     assert not any(_parts(s) for s in _draw(dataset, order))
 
 
-@pytest.mark.parametrize('make', [_mosaic, _cached], ids=['mosaic', 'cached'])
+@pytest.mark.parametrize('make', [composed.mosaic, composed.cached],
+                         ids=['mosaic', 'cached'])
 def test_a_blocked_file_is_never_drawn_nor_served_again(coco, make):
     from mmnanhook.quarantine._composed import ComposedGuard
     dataset = make(coco)
@@ -121,7 +81,7 @@ def test_a_persistent_worker_sees_a_file_blocked_after_it_started(coco):
     from torch.utils.data import DataLoader
     from mmengine.dataset import pseudo_collate
     from mmnanhook.quarantine._composed import ComposedGuard
-    dataset = _mosaic(coco)
+    dataset = composed.mosaic(coco)
     guard = ComposedGuard(dataset)
     order = [i for i in list(range(IMAGES)) * 3 if i != 5]
     loader = DataLoader(dataset, batch_size=1, sampler=order, num_workers=1,
@@ -141,7 +101,7 @@ def test_the_diagnosis_blames_the_partner_not_the_main_image(coco):
     from mmnanhook.diagnosis._composed import trace_parts
     from mmnanhook.diagnosis._data import check_batch
     from mmnanhook.quarantine._composed import ComposedGuard
-    dataset = _mosaic(coco)
+    dataset = composed.mosaic(coco)
     ComposedGuard(dataset)
     samples = [s for s in _draw(dataset, [i for i in range(IMAGES)
                                           if i != 5] * 3)
@@ -157,6 +117,49 @@ def test_the_diagnosis_blames_the_partner_not_the_main_image(coco):
     assert main in finding.problems[0].text
 
 
+def test_fresh_workers_after_a_handover_use_the_index_built_once(
+        coco, tmp_path):
+    # A worker forked before the guard (as IterBasedTrainLoop's), then the
+    # quarantine, the guard and the diagnosis look the tile up (one index
+    # walked, in this process), then the handover: the fresh worker holds
+    # that index (not walked again) and never draws the tile.
+    import functools
+    from torch.utils.data import DataLoader
+    from mmengine.dataset import pseudo_collate
+    from mmnanhook.diagnosis import annotations
+    from mmnanhook.quarantine import Quarantine, sample_index
+    from mmnanhook.quarantine._composed import ComposedGuard
+    from mmnanhook.quarantine._workers import Handover
+    from mmnan_testing.nodata import log_index, read_log
+    log = str(tmp_path / 'loads.log')
+    tile = composed.tile_path(coco)
+    dataset = composed.mosaic(coco, log)
+    loader = DataLoader(
+        dataset, batch_size=1, num_workers=1, collate_fn=pseudo_collate,
+        sampler=[i for i in range(IMAGES) if i != 5] * 4,
+        worker_init_fn=functools.partial(log_index, log, tile))
+    old = iter(loader)
+    first = next(old)
+    guard = ComposedGuard(dataset)
+    quarantine = Quarantine(str(tmp_path / 'q.json'), dataset)
+    assert quarantine.add(tile, 'nodata').indices == [5]
+    guard.block(tile)
+    annotations(dataset, first)
+    handover = Handover(old, loader, None)
+    batches = list(handover)
+    assert len(batches) == 4 * (IMAGES - 1) - 1
+    assert sample_index(dataset).builds == 1
+    lines = read_log(log)
+    index = {pid: words[1:] for pid, _, words in lines
+             if words[0] == 'index'}
+    # The old worker: forked before anything was walked; the fresh one:
+    # the index walked once, its arrays inherited, its lookup answered.
+    (fresh, ) = [pid for pid, words in index.items() if words[0] == '1']
+    assert sorted(index.values()) == [['0', '0', '-'], ['1', '1', '5']]
+    served = [words for pid, _, words in lines if pid == fresh]
+    assert served and not any(w[0] in ('load', 'serve') for w in served)
+
+
 def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
     """The tiny RetinaNet on Mosaic samples (``MultiImageMixDataset``),
     trained by ``IterBasedTrainLoop`` with a shuffling ``InfiniteSampler``
@@ -164,7 +167,7 @@ def _iteration_based(tmp_path, name, tile, hook=True, iters=24):
     hook); ``tile`` (a base name, or None) is nodata."""
     from mmnan_testing import testbed, zoo
     from mmnan_testing.nodata import (nodata_pipeline,
-                                          register_nodata_transforms)
+                                      register_nodata_transforms)
     register_nodata_transforms()
     data = testbed.make_dataset('retinanet', str(tmp_path / 'data'),
                                 num_images=IMAGES)

@@ -1,15 +1,21 @@
 """Tier 1 and recovery under DDP: two CPU processes over gloo, started by a
 real launcher (see :mod:`mmnan_testing.ddp`), the toy model: one rank's
 bad sample stops, skips or drops on every rank alike, with and without
-SyncBN statistics, and with a forward that raises on that rank alone. A hang
-fails the test (each run is bounded)."""
+SyncBN statistics, and with a forward that raises on that rank alone; a rank
+that stops answering is named by the others within the group's timeout. A
+hang fails the test (each run is bounded)."""
+import datetime
 import inspect
 
 import pytest
 import torch
+from mmengine.config import Config
+from torch.distributed.constants import default_pg_timeout
 
-from mmnan_testing.ddp import (BAD_ITER, BAD_RANK, SPIKE_ITERS,
-                                   run_nodes, run_scenarios)
+from mmnan_testing.ddp import (BAD_ITER, BAD_RANK, HUNG_TIMEOUT,
+                               SPIKE_ITERS, run_nodes, run_ranks,
+                               run_scenarios)
+from mmnanhook.sentinel._distributed import run_timeout
 
 pytestmark = pytest.mark.ddp
 
@@ -17,9 +23,16 @@ STATIC_GRAPH = 'static_graph' in inspect.signature(
     torch.nn.parallel.DistributedDataParallel).parameters
 
 SCENARIOS = ['nan_loss', 'rewind', 'drop', 'drop_whole', 'drop_whole_unused',
-             'raise_skip', 'raise_drop', 'raise_reduce', 'syncbn_skip',
+             'raise_skip', 'raise_drop', 'raise_reduce', 'raise_late',
+             'syncbn_skip',
              'syncbn_drop'] + (
-                 ['drop_whole_static'] if STATIC_GRAPH else [])
+                 ['drop_whole_static'] if STATIC_GRAPH else []) + [
+                     # Last: it leaves mmnanhook's groups broken.
+                     'hung']
+# The votes' timeout where env_cfg.dist_cfg.timeout is unset, and the
+# exchange's (a diagnosis's allowance), in seconds.
+DEFAULT_TIMEOUT = default_pg_timeout.total_seconds()
+EXCHANGE_TIMEOUT = 7200.0
 
 
 @pytest.fixture(scope='module')
@@ -46,6 +59,9 @@ def test_one_rank_nan_loss_stops_every_rank_in_the_same_iteration(runs):
         assert 'on rank %d' % BAD_RANK in result['message']
         assert 'rank %d of 2' % rank in result['message']
     assert 'loss_aux=inf' in results[BAD_RANK]['message']
+    # env_cfg.dist_cfg of the runner's config has no timeout: torch's.
+    for result in results:
+        assert result['timeouts'] == [[DEFAULT_TIMEOUT, EXCHANGE_TIMEOUT]]
 
 
 def test_every_rank_rewinds_to_the_same_snapshot(runs):
@@ -139,6 +155,24 @@ def test_a_forward_raising_before_a_collective_of_the_loss_is_voted_on(
     assert 'forward of rank(s) %d raised' % BAD_RANK in results[0]['log']
 
 
+def test_a_forward_raising_between_collectives_of_its_loss_hangs_no_rank(
+        runs):
+    # The loss averages its normalizer 20 times (DINO's reduce_mean per
+    # loss term and decoder layer); rank 1's raises in iteration 2 after the
+    # 5th. Rank 0, which voted before the 1st alone, goes on to the 6th:
+    # rank 1 calls the 15 it would have with zeros, then votes, and both
+    # skip.
+    results, log = run(runs, 'raise_late')
+    _same_weights(results)
+    assert [r['skipped'] for r in results] == [1, 1]
+    assert 'forward of rank(s) %d raised' % BAD_RANK in results[0]['log']
+    for result in results:
+        # The first step votes before each collective and before backward
+        # (nothing recorded yet); then before the first and backward alone,
+        # the failing step too (rank 1 votes from its handler).
+        assert result['votes'] == [21, 2, 2, 2], log[-3000:]
+
+
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
 def test_syncbn_statistics_carry_one_rank_nan_to_all_and_the_replays_stay_local(
         runs, policy):
@@ -172,3 +206,59 @@ def test_every_node_writes_the_quarantine_every_rank_learned(tmp_path):
         assert result['samples_dropped'] == 1
         (entry, ) = result['quarantine']
         assert entry[0].endswith(result['bad']) and entry[2] == BAD_RANK
+
+
+def _hung_rank_named(results, log, hung):
+    """Every rank but ``hung`` stopped at its vote before backward, within
+    the timeout and the wait for the others' word (at most the timeout),
+    naming ``hung`` in the line it logged and raised; ``hung``, woken, stops
+    too."""
+    line = ('mmnanhook: rank %d did not answer the vote before backward '
+            'within %s (env_cfg.dist_cfg.timeout): stopping' % (
+                hung, datetime.timedelta(seconds=HUNG_TIMEOUT)))
+    for rank, result in enumerate(results):
+        # The config's timeout, in the group Ranks.start was given.
+        assert result['timeouts'] == [[HUNG_TIMEOUT, EXCHANGE_TIMEOUT]], (
+            rank, log[-5000:])
+        assert result['raised'] == 'RankTimeoutError', (rank, log[-5000:])
+        if rank == hung:
+            assert result['ranks'] == [] and 'the vote before backward ' \
+                'failed' in result['message']
+            continue
+        assert result['message'] == line and result['ranks'] == [hung]
+        assert HUNG_TIMEOUT <= result['seconds'] <= 2 * HUNG_TIMEOUT + 3
+    assert len(set(r['iter'] for r in results)) == 1
+    # Logged too: in rank 0's log file (MMEngine writes rank 0's alone) and
+    # on the console of the launch.
+    assert line in results[0]['log'] and line in log
+
+
+def test_a_rank_that_stops_answering_is_named_within_the_timeout(runs):
+    # Rank 1's forward sleeps past env_cfg.dist_cfg.timeout: rank 0 fails at
+    # its vote before backward with one line naming rank 1 instead of
+    # waiting forever, and both processes end (the launch is bounded).
+    results, log = run(runs, 'hung')
+    _hung_rank_named(results, log, BAD_RANK)
+
+
+@pytest.mark.zoo_full
+def test_two_ranks_waiting_name_the_third_that_stopped_answering(tmp_path):
+    """Full tier: three ranks are a launch of their own (10 to 20 s); the
+    everyday tier names a hung rank with two (above)."""
+    # Sample 5 is in rank 2's first batch with three ranks.
+    results, log = run_ranks('hung', tmp_path, nproc=3)
+    _hung_rank_named(results, log, 2)
+
+
+@pytest.mark.parametrize('dist_cfg,seconds', [
+    (dict(backend='nccl', timeout=600), 600),
+    (dict(backend='nccl', timeout=datetime.timedelta(seconds=90)), 90),
+    (dict(backend='nccl'), DEFAULT_TIMEOUT), (None, DEFAULT_TIMEOUT)
+], ids=['seconds', 'timedelta', 'unset', 'no_dist_cfg'])
+def test_the_timeout_is_the_runner_configs(dist_cfg, seconds):
+    # As MMEngine's init_dist reads it for the default group.
+    cfg = Config(dict(env_cfg=dict(cudnn_benchmark=False)))
+    if dist_cfg is not None:
+        cfg.env_cfg.dist_cfg = dist_cfg
+    assert run_timeout(cfg).total_seconds() == seconds
+    assert run_timeout(Config(dict())).total_seconds() == DEFAULT_TIMEOUT

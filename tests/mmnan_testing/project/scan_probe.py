@@ -1,0 +1,38 @@
+"""A pipeline step of a user's project that the ``mmnan scan`` tests put
+first in a train pipeline: it records each sample the pipeline runs on, and
+can make the pipeline slow enough to interrupt a scan midway.
+
+``custom_imports=['scan_probe']`` registers it in mmengine's root registry,
+which every codebase's ``TRANSFORMS`` falls back to (the tests put this
+directory on PYTHONPATH).
+"""
+import time
+
+from mmcv.transforms import BaseTransform
+from mmengine.registry import TRANSFORMS
+
+# The samples this process's pipelines ran on (one process: no workers).
+SEEN = []
+
+
+@TRANSFORMS.register_module()
+class RecordSample(BaseTransform):
+    """Record ``sample_idx``, then wait ``delay`` seconds.
+
+    Args:
+        log (str, optional): Also append each index to this file, one a line
+            (the scan may run in another process).
+        delay (float): Seconds each sample takes.
+    """
+
+    def __init__(self, log=None, delay=0.0):
+        self.log = log
+        self.delay = delay
+
+    def transform(self, results):
+        SEEN.append(results['sample_idx'])
+        if self.log is not None:
+            with open(self.log, 'a') as f:
+                f.write('%d\n' % results['sample_idx'])
+        time.sleep(self.delay)
+        return results
