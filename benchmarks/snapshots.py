@@ -3,9 +3,9 @@ thread's time, a restore (CPU, gloo, one host).
 
 ``--ranks`` processes (torch.multiprocessing, a gloo group) each build the
 same model (``--layers`` linear layers ``--width`` wide: 12 x 2000, 48M
-parameters) with AdamW, take ``--takes`` snapshots the way ``NanDetectHook(policy='rewind')``
-does under DDP (``Rewinder.start`` with the run's ranks, then
-``Rewinder.after_update`` at each interval), with a forward and backward of
+parameters) with AdamW, take ``--takes`` snapshots the way
+``NanDetectHook(policy='rewind')`` does under DDP (``Rewinder.start``
+with the run's ranks, then ``Rewinder.after_update`` at each interval), with a forward and backward of
 ``--batch`` samples between a take and the wait before the next step, as in
 training, and report per rank (medians):
 
@@ -21,6 +21,7 @@ Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/snapshots.py --ranks 1 2 4
 """
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import json
 import os
@@ -32,21 +33,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+from mmnan_testing.snapshots import tensor_bytes
 
 
 class _Wrapper(object):
     def __init__(self, optimizer):
         self.optimizer = optimizer
-
-
-def _bytes(obj):
-    if torch.is_tensor(obj):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_bytes(v) for v in obj)
-    return 0
 
 
 def _worker(rank, world, init, args, out):
@@ -97,8 +89,8 @@ def _worker(rank, world, init, args, out):
         optimizer.step()
         optimizer.zero_grad()
     snapshot = rewinder.store.before(1)
-    held = _bytes(snapshot.model) + _bytes(snapshot.optimizers)
-    state = _bytes(model.state_dict()) + _bytes(
+    held = tensor_bytes(snapshot.model) + tensor_bytes(snapshot.optimizers)
+    state = tensor_bytes(model.state_dict()) + tensor_bytes(
         optimizer.state_dict()['state'])
     dist.barrier()
     start = time.perf_counter()

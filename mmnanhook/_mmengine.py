@@ -12,3 +12,18 @@ def is_ddp(model):
     ``MMDistributedDataParallel`` included)."""
     from torch.nn.parallel import DistributedDataParallel
     return isinstance(model, DistributedDataParallel)
+
+
+def wrapped_datasets(dataset):
+    """``dataset`` and every dataset it wraps (``RepeatDataset``,
+    ``ConcatDataset``, ``MultiImageMixDataset``...: their ``dataset`` and
+    ``datasets``), outermost first, each once."""
+    queue, seen = [dataset], set()
+    while queue:
+        node = queue.pop(0)
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        yield node
+        queue.append(getattr(node, 'dataset', None))
+        queue.extend(getattr(node, 'datasets', None) or [])

@@ -30,6 +30,12 @@ class BundleError(Exception):
     """A bundle is missing, corrupt, partial, foreign or of unknown format."""
 
 
+class DatasetError(Exception):
+    """The config cannot be loaded, its train dataset cannot be built, or a
+    scan cannot start (its files cannot be written, a progress record of
+    another scan)."""
+
+
 class CheckBypassedError(RuntimeError):
     """The optimizer changed the weights without mmnanhook's check running.
 

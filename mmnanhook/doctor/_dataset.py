@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from .._format import one_line
+from .._mmengine import wrapped_datasets
+from ..errors import DatasetError
 from ..diagnosis import (angle_range_from_config, annotation_of, check_batch,
                          check_boxes, declared_size)
 from ..diagnosis._data import capped, declared_size_problem
@@ -36,12 +38,6 @@ from ._rules import config_dicts
 
 # mmseg's default ignore index.
 IGNORE_INDEX = 255
-
-
-class DatasetError(Exception):
-    """The config cannot be loaded, its train dataset cannot be built, or a
-    scan cannot start (its files cannot be written, a progress record of
-    another scan)."""
 
 
 class DatasetContext(object):
@@ -236,9 +232,7 @@ class ImageLoading(object):
     def of(cls, dataset):
         """Read from the first image loader of a dataset's pipeline (that of
         the first dataset it wraps); mmcv's defaults without one."""
-        queue = [dataset]
-        while queue:
-            node = queue.pop(0)
+        for node in wrapped_datasets(dataset):
             for step in getattr(getattr(node, 'pipeline', None),
                                 'transforms', None) or []:
                 if hasattr(step, 'color_type') and hasattr(
@@ -247,9 +241,6 @@ class ImageLoading(object):
                         step.color_type in ('color', 'grayscale')
                         and step.imdecode_backend in ('cv2', 'pillow'),
                         getattr(step, 'backend_args', None))
-            inner = getattr(node, 'dataset', None)
-            queue.extend([inner] if inner is not None else [])
-            queue.extend(getattr(node, 'datasets', None) or [])
         return cls()
 
 

@@ -29,10 +29,11 @@ import os
 import os.path as osp
 import time
 
+from .._mmengine import wrapped_datasets
+from ..errors import DatasetError
 from ..quarantine import QuarantinedSample, write_quarantine
 from ..quarantine._file import write_json_atomically
 from ..records import DataProblem, SampleFinding
-from ._dataset import DatasetError
 
 FORMAT = 'mmnanhook-scan-progress'
 VERSION = 1
@@ -43,16 +44,9 @@ def _ann_files(dataset):
     # The annotation files of a dataset and of those it wraps
     # (RepeatDataset, ConcatDataset): what makes the same config another
     # dataset once they are edited.
-    queue, files = [dataset], []
-    while queue:
-        node = queue.pop(0)
-        ann = getattr(node, 'ann_file', None)
-        if isinstance(ann, str) and ann:
-            files.append(ann)
-        inner = getattr(node, 'dataset', None)
-        queue.extend([inner] if inner is not None else [])
-        queue.extend(getattr(node, 'datasets', None) or [])
-    return files
+    files = [getattr(node, 'ann_file', None)
+             for node in wrapped_datasets(dataset)]
+    return [ann for ann in files if isinstance(ann, str) and ann]
 
 
 def scan_identity(cfg, config_path, dataset, context, fast, show):

@@ -25,6 +25,7 @@ import multiprocessing
 
 import numpy as np
 
+from .._mmengine import wrapped_datasets
 from .._patch import set_attribute
 from ._index import sample_index
 
@@ -48,20 +49,13 @@ def mixers(dataset):
         indices refer to (its own for a cached one, the wrapped one under
         ``MultiImageMixDataset``), and the pipeline it is a step of.
     """
-    seen, stack = set(), [dataset]
-    while stack:
-        current = stack.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        inner = getattr(current, 'dataset', None)
+    for current in wrapped_datasets(dataset):
         steps = _steps(getattr(current, 'pipeline', None))
         for step in steps:
             if callable(getattr(step, 'get_indexes', None)):
                 cached = isinstance(getattr(step, 'results_cache', None), list)
-                yield step, current if cached else inner, steps
-        stack.append(inner)
-        stack.extend(getattr(current, 'datasets', None) or [])
+                yield step, current if cached else getattr(
+                    current, 'dataset', None), steps
 
 
 def parts_of(results):

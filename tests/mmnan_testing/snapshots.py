@@ -29,13 +29,14 @@ def _state(model, optimizer):
              for t in entry.values() if torch.is_tensor(t)])
 
 
-def _bytes(obj):
+def tensor_bytes(obj):
+    """The bytes of the tensors in ``obj`` (nested dicts, lists, tuples)."""
     if torch.is_tensor(obj):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
-        return sum(_bytes(v) for v in obj.values())
+        return sum(tensor_bytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_bytes(v) for v in obj)
+        return sum(tensor_bytes(v) for v in obj)
     return 0
 
 
@@ -65,8 +66,8 @@ def _shares(out_dir):
     model(torch.randn(8, WIDTHS[0])).sum().backward()
     rewinder.store.settle()
     snapshot = rewinder.store.before(0)
-    held = _bytes(snapshot.model) + _bytes(snapshot.optimizers)
-    full = _bytes(model.state_dict()) + _bytes(
+    held = tensor_bytes(snapshot.model) + tensor_bytes(snapshot.optimizers)
+    full = tensor_bytes(model.state_dict()) + tensor_bytes(
         optimizer.state_dict()['state'])
     optimizer.zero_grad()
     _train(model, optimizer, 3)
@@ -74,8 +75,8 @@ def _shares(out_dir):
     restored = _state(model, optimizer)
     return dict(
         held=held, full=full,
-        buffers=_bytes([t for n, t in model.state_dict().items()
-                        if n not in dict(model.named_parameters())]),
+        buffers=tensor_bytes([t for n, t in model.state_dict().items()
+                              if n not in dict(model.named_parameters())]),
         bitwise=all(torch.equal(a, b) for a, b in zip(
             expected[0] + expected[1], restored[0] + restored[1])),
         count=[len(expected[0]), len(restored[0]), len(expected[1]),
