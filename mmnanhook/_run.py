@@ -7,6 +7,10 @@ history), the snapshots of ``'rewind'``, the drops and the quarantine. On a
 trigger it asks :class:`~mmnanhook.recovery.Policy` what to undo, diagnose,
 rewind, drop and quarantine, does it, and answers the sentinel with a typed
 :class:`~mmnanhook.recovery.Answer`, with which the sentinel decides.
+
+Over 500 lines because it is the one place where the rooms meet for a run:
+each part it holds is built in its room, and what stays here is the wiring
+and the order of a trigger's steps, which one reading should show whole.
 """
 import contextlib
 import ctypes

@@ -12,6 +12,10 @@ The fast mode (``mmnan scan --fast``) reads each sample's data info and its
 image file's header only, neither decoding the image nor running the
 pipeline: the declared size against the file's, and the annotated boxes and
 labels.
+
+Slightly over 500 lines: the two modes share their pass (workers, streaming,
+resuming, the checks' context); the progress record is its own module
+(``_journal``).
 """
 import contextlib
 import functools

@@ -28,6 +28,11 @@ collective of the model's): the votes and decisions with the run's timeout
 (``env_cfg.dist_cfg.timeout``), the exchange with one long enough for a
 diagnosis. A rank that does not answer in time stops the others with one
 line that names it (:class:`~mmnanhook.errors.RankTimeoutError`).
+
+One module (over 500 lines) because it is one concern: what keeps the ranks'
+collectives paired. The guard's record and the votes it saves are only sound
+with the group, its timeout and its failure line beside them; apart, each
+half would have to know the other's order of calls.
 """
 import collections
 import datetime
