@@ -125,9 +125,12 @@ def summarize(report):
         text = '{} only under autocast({}), finite in float32'.format(
             _symptom(report), report.amp_dtype)
         if over.get('max_abs') is not None:
-            return text + ": '{}' outputs reach {} (the {} max is {})".format(
-                over.get('module') or report.module,
-                format_value(over['max_abs']), report.amp_dtype,
+            # No name: the root module, whose forward made them itself.
+            module = over.get('module') or report.module
+            outputs = ("'{}' outputs".format(module) if module else
+                       "the model's own outputs (outside any submodule)")
+            return text + ': {} reach {} (the {} max is {})'.format(
+                outputs, format_value(over['max_abs']), report.amp_dtype,
                 format_value(over.get('limit')))
         return text + '; first non-finite value made ' + _where(report)
     if kind == 'data':

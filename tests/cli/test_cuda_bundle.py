@@ -2,23 +2,28 @@
 
 ``make device-check`` writes it (``tests/sentinel/test_cuda.py``, fp16-range
 overflow) into the device run's ``$OUT/cuda_bundle``; it is kept in
-``tests/data/cuda_bundle`` once a device run brought it back.
+``tests/data/cuda_bundle`` once a device run brought it back. Its config
+imports ``mmnan_testing.cuda_toy`` (the model), so ``tests/`` is put on the
+replay's path, as a user's project is on theirs.
 """
+import os
 import os.path as osp
 
 import pytest
 
 from mmnan_testing.cli import mmnan, replay_json
 
-BUNDLE = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), 'data',
-                  'cuda_bundle')
+TESTS_DIR = osp.dirname(osp.dirname(osp.abspath(__file__)))
+BUNDLE = osp.join(TESTS_DIR, 'data', 'cuda_bundle')
 
 pytestmark = pytest.mark.skipif(
     not osp.isdir(BUNDLE), reason='no CUDA bundle has come back from a '
     'device run yet (tests/data/cuda_bundle; make device-check)')
 
 
-def test_cuda_bundle_loads_and_replays_on_cpu():
+def test_cuda_bundle_loads_and_replays_on_cpu(monkeypatch):
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join(
+        p for p in (TESTS_DIR, os.environ.get('PYTHONPATH')) if p))
     result = mmnan('inspect', BUNDLE)
     assert result.returncode == 0, result.stderr
     code, report = replay_json(BUNDLE)

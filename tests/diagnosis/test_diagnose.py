@@ -451,6 +451,29 @@ class _Amplifier(BaseModel):
         return {'loss_amp': self.head(self.big(x)).float().mean() * 1e-5}
 
 
+class _RootAmplifier(BaseModel):
+    """The out-of-range product is made in the model's own forward, outside
+    any submodule (as ``h = h * 1e5`` in a detector's ``forward``)."""
+
+    def __init__(self):
+        super(_RootAmplifier, self).__init__()
+        self.body = nn.Linear(4, 2)
+        self.head = nn.Linear(2, 1)
+
+    def forward(self, inputs, data_samples=None, mode='loss'):
+        y = self.head(self.body(torch.stack(inputs))) * 1e6
+        return {'loss_amp': y.float().pow(2).mean()}
+
+
+def test_fp16_range_overflow_outside_any_submodule_is_worded_so():
+    if compat.autocast('cpu', torch.float16) is None:
+        pytest.skip('this torch cannot autocast to float16 on CPU')
+    report = diagnose(_RootAmplifier(), _batch(), amp_dtype=torch.float16)
+    assert report.kind == 'overflow', report.summary
+    assert 'None' not in report.summary, report.summary
+    assert "the model's own outputs" in report.summary, report.summary
+
+
 def test_fp16_range_overflow_vs_float32():
     report = _check_report(diagnose(_Amplifier(), _batch(),
                                     amp_dtype=torch.float16))

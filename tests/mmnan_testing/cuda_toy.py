@@ -8,10 +8,20 @@ data, as in :class:`~mmnan_testing.toy.ToyModel`:
 * ``fp16_range``: one activation multiplied by ``1e5`` after the first
   block: finite in fp32, beyond fp16's 65504 under fp16 autocast;
 * ``nan``: ``sqrt(-1)`` added to that activation: NaN in any dtype.
+
+:func:`cuda_config` trains it from a config (registered names, imported by
+``custom_imports``), so that its bundles rebuild the model in ``mmnan
+replay`` on another machine.
 """
+import uuid
+
 import torch
 import torch.nn as nn
+from mmengine.config import Config
 from mmengine.model import BaseModel
+from mmengine.registry import DATASETS, MODELS
+
+from .toy import BATCH, ToyDataset
 
 FP16_FACTOR = 1e5
 
@@ -30,6 +40,7 @@ class _Block(nn.Module):
         return (x + self.bn2(self.conv2(y))).relu()
 
 
+@MODELS.register_module()
 class SmallResNet(BaseModel):
     """Two residual blocks at ``width`` channels on 16 x 16 inputs."""
 
@@ -54,3 +65,26 @@ class SmallResNet(BaseModel):
         if mode != 'loss':
             return y
         return dict(loss=(y - 1.0).pow(2).mean())
+
+
+DATASETS.register_module(name='CudaToyDataset', module=ToyDataset)
+
+
+def cuda_config(work_dir, faults, hook, optim_wrapper, max_iters=4):
+    """A config training :class:`SmallResNet` on the toy data (``faults``
+    as :class:`~mmnan_testing.toy.ToyDataset` takes them)."""
+    return Config(dict(
+        custom_imports=dict(imports=['mmnan_testing.cuda_toy', 'mmnanhook'],
+                            allow_failed_imports=False),
+        default_scope='mmengine', model=dict(type='SmallResNet'),
+        work_dir=str(work_dir),
+        experiment_name='cuda_toy_' + uuid.uuid4().hex,
+        train_dataloader=dict(
+            dataset=dict(type='CudaToyDataset', n=16, faults=faults),
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            batch_size=BATCH, num_workers=0,
+            collate_fn=dict(type='pseudo_collate')),
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        optim_wrapper=optim_wrapper, custom_hooks=[hook],
+        default_hooks=dict(checkpoint=None), randomness=dict(seed=0),
+        log_level='WARNING'))

@@ -11,9 +11,10 @@ import shutil
 
 import pytest
 import torch
+from mmengine.runner import Runner
 
 from mmnan_testing import cuda_toy
-from mmnan_testing.cuda_toy import SmallResNet
+from mmnan_testing.cuda_toy import SmallResNet, cuda_config
 from mmnan_testing.toy import (Probe, assert_same, assert_state_same,
                                    make_runner, train_error)
 
@@ -55,20 +56,24 @@ def _scales(runner):
 def test_ordinary_overflows_are_skipped_without_a_trigger(tmp_path, anomaly):
     # A scale of 2**40 overflows fp16 gradients: GradScaler skips and halves
     # it until it fits; anomaly='always' must not turn that into a crash.
+    # train/loss_scale is the scale each step's gradients were taken at.
     runner = _runner(tmp_path, hook=dict(anomaly=anomaly),
                      optim_wrapper=amp(loss_scale=dict(init_scale=2.0**40)),
                      max_iters=8)
     runner.train()
     scales = _scales(runner)
-    assert scales[0] < 2.0**40 and scales == sorted(scales, reverse=True)
+    assert scales[0] == 2.0**40 and scales[-1] < 2.0**40
+    assert scales == sorted(scales, reverse=True)
     assert runner.message_hub.get_scalar('train/nan_skipped').current() == 0
     assert not os.path.isdir(str(tmp_path / 'dumps'))
 
 
 def test_fp16_range_overflow_is_diagnosed_as_overflow(tmp_path):
-    runner = _runner(tmp_path, faults={2: 'fp16_range'},
-                     optim_wrapper=amp())
-    error = train_error(runner)
+    # From a config: its bundle is replayed on CPU (test_cuda_bundle.py).
+    cfg = cuda_config(tmp_path, {2: 'fp16_range'},
+                      dict(type='NanDetectHook',
+                           dump_dir=str(tmp_path / 'dumps')), amp())
+    error = train_error(Runner.from_cfg(cfg))
     assert error.iter == 1 and error.bundle is not None
     assert error.report['kind'] == 'overflow', error.report['summary']
     out = os.environ.get('MMNAN_DEVICE_OUT')
