@@ -18,7 +18,7 @@ import tempfile
 import time
 
 
-def _iteration_times(hook, iters, width, work_dir, lr=0.01):
+def _iteration_times(hook, iters, width, work_dir, lr=0.01, size=16):
     import torch
     from mmengine.hooks import Hook
 
@@ -42,7 +42,7 @@ def _iteration_times(hook, iters, width, work_dir, lr=0.01):
     optim = dict(type='AmpOptimWrapper', dtype='float16',
                  loss_scale='dynamic',
                  optimizer=dict(type='SGD', lr=lr, momentum=0.9))
-    runner = make_runner(work_dir, model=SmallResNet(width=width),
+    runner = make_runner(work_dir, model=SmallResNet(width=width, size=size),
                          optim_wrapper=optim, hook=hook, max_iters=iters,
                          n=2 * iters)
     runner.register_hook(Timer())
@@ -59,6 +59,9 @@ def main(argv=None):
     # Wider nets diverge to NaN at 0.01 within 60 iterations (a real
     # divergence, which the hooked run stops at): 1e-3 for them.
     parser.add_argument('--lr', type=float, default=0.01)
+    # Input side: 16 keeps the GPU waiting for the host's launches; 256
+    # at width 512 makes the iteration compute-bound.
+    parser.add_argument('--size', type=int, default=16)
     parser.add_argument('--json', help='write the figures here')
     args = parser.parse_args(argv)
     import torch
@@ -75,15 +78,16 @@ def main(argv=None):
         for hook in order:
             times = _iteration_times(hook, args.iters, args.width,
                                      tempfile.mkdtemp(prefix='mmnan_cuda_'),
-                                     args.lr)
+                                     args.lr, args.size)
             result[hook is None] = statistics.median(times[args.warmup:])
         base.append(result[True])
         hooked.append(result[False])
         ratios.append(result[False] / result[True])
     figures = dict(
         gpu=torch.cuda.get_device_name(0), torch=torch.__version__,
-        model='SmallResNet width %d, batch 2, fp16 AmpOptimWrapper, SGD '
-        'lr %g' % (args.width, args.lr), iters=args.iters, warmup=args.warmup,
+        model='SmallResNet width %d, %d px, batch 2, fp16 AmpOptimWrapper, '
+        'SGD lr %g' % (args.width, args.size, args.lr), iters=args.iters,
+        warmup=args.warmup,
         repeats=args.repeats, iter_ms_without=1e3 * statistics.median(base),
         iter_ms_with=1e3 * statistics.median(hooked),
         median_ratio=statistics.median(ratios),

@@ -1,7 +1,8 @@
 """A small residual conv net for the CUDA checks: torch + mmengine only (the
 device machine has no compiled mmcv), trained by :func:`toy.make_runner`.
 
-The toy dataset's 4-vectors are projected to a ``3 x 16 x 16`` image, then
+The toy dataset's 4-vectors are projected to a ``3 x 16 x 16`` image (or
+``size``), then
 two residual conv blocks, pooling and a linear head. Faults come with the
 data, as in :class:`~mmnan_testing.toy.ToyModel`:
 
@@ -42,11 +43,13 @@ class _Block(nn.Module):
 
 @MODELS.register_module()
 class SmallResNet(BaseModel):
-    """Two residual blocks at ``width`` channels on 16 x 16 inputs."""
+    """Two residual blocks at ``width`` channels on ``size`` squared
+    inputs (larger ones make a GPU iteration compute-bound)."""
 
-    def __init__(self, width=32):
+    def __init__(self, width=32, size=16):
         super().__init__()
-        self.project = nn.Linear(4, 3 * 16 * 16)
+        self.size = size
+        self.project = nn.Linear(4, 3 * size * size)
         self.stem = nn.Conv2d(3, width, 3, padding=1)
         self.block1 = _Block(width)
         self.block2 = _Block(width)
@@ -54,7 +57,8 @@ class SmallResNet(BaseModel):
 
     def forward(self, inputs, fault=None, mode='tensor'):
         faults = set(f for f in (fault or []) if f)
-        x = self.project(torch.stack(inputs)).view(-1, 3, 16, 16)
+        x = self.project(torch.stack(inputs)).view(-1, 3, self.size,
+                                                   self.size)
         h = self.block1(self.stem(x))
         if 'fp16_range' in faults:
             h = h * FP16_FACTOR  # MARK fp16_range
