@@ -54,14 +54,20 @@ class DatasetContext(object):
         ignore_index (int): Segmentation maps' ignore index.
         avg_non_ignore (bool): Whether a segmentation loss averages over the
             pixels not ignored only.
+        opencv_threads (int): OpenCV's threads while the pipeline runs:
+            the config's ``env_cfg.mp_cfg.opencv_num_threads``, which
+            mmengine's Runner sets before its dataloader workers run it (0,
+            its default: none of its own).
     """
 
     def __init__(self, angle_range=None, num_classes=None,
-                 ignore_index=IGNORE_INDEX, avg_non_ignore=False):
+                 ignore_index=IGNORE_INDEX, avg_non_ignore=False,
+                 opencv_threads=0):
         self.angle_range = angle_range
         self.num_classes = num_classes
         self.ignore_index = ignore_index
         self.avg_non_ignore = avg_non_ignore
+        self.opencv_threads = opencv_threads
 
     @classmethod
     def of(cls, cfg):
@@ -76,10 +82,12 @@ class DatasetContext(object):
                   if isinstance(d.get('num_classes'), int)]
         ignores = [d['ignore_index'] for d in nodes
                    if isinstance(d.get('ignore_index'), int)]
+        mp_cfg = (cfg.get('env_cfg') or {}).get('mp_cfg') or {}
         return cls(angle_range_from_config(cfg),
                    max(counts) if counts else None,
                    ignores[0] if ignores else IGNORE_INDEX,
-                   any(d.get('avg_non_ignore') for d in nodes))
+                   any(d.get('avg_non_ignore') for d in nodes),
+                   mp_cfg.get('opencv_num_threads', 0))
 
 
 def load_config(config_path, doing='build the train dataset of'):
@@ -367,6 +375,25 @@ def _check_chunk(indices):
     return len(indices), found
 
 
+@contextlib.contextmanager
+def _opencv_threads(count):
+    """OpenCV's threads set to ``count`` while the pass runs, as mmengine's
+    Runner sets them for training's pipelines. Left at OpenCV's default
+    (every core), each worker's resizes spread over every core and the
+    workers contend; forked workers inherit the setting."""
+    try:
+        import cv2
+    except ImportError:
+        yield
+        return
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(count)
+    try:
+        yield
+    finally:
+        cv2.setNumThreads(before)
+
+
 def _quiet_worker():
     # One thread a worker: the workers are the parallelism.
     torch.set_num_threads(1)
@@ -407,19 +434,20 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
     # Each sample seeds the generators: the caller's states are put back.
     rng = capture_rng()
     try:
-        forks = 'fork' in multiprocessing.get_all_start_methods()
-        if workers <= 1 or not forks:
-            for chunk in chunks:
-                yield _check_chunk(chunk)
-            return
-        pool = multiprocessing.get_context('fork').Pool(
-            workers, initializer=_quiet_worker)
-        try:
-            for done in pool.imap(_check_chunk, chunks):
-                yield done
-        finally:
-            pool.terminate()
-            pool.join()
+        with _opencv_threads(context.opencv_threads):
+            forks = 'fork' in multiprocessing.get_all_start_methods()
+            if workers <= 1 or not forks:
+                for chunk in chunks:
+                    yield _check_chunk(chunk)
+                return
+            pool = multiprocessing.get_context('fork').Pool(
+                workers, initializer=_quiet_worker)
+            try:
+                for done in pool.imap(_check_chunk, chunks):
+                    yield done
+            finally:
+                pool.terminate()
+                pool.join()
     finally:
         _WORK = None
         restore_rng(rng)

@@ -254,3 +254,29 @@ def test_fast_mode_names_an_image_file_it_cannot_read(tmp_path):
     assert bad[0].problems[0].category == ProblemCategory.PIPELINE
     assert bad[0].problems[0].text.startswith(
         'the image file cannot be read: UnidentifiedImageError')
+
+
+@pytest.mark.mmdet
+@pytest.mark.parametrize('configured', [None, 2])
+def test_the_pipeline_runs_with_the_runners_opencv_threads(tmp_path,
+                                                           configured):
+    # As mmengine's Runner does before its dataloader workers run the
+    # pipeline (env_cfg.mp_cfg.opencv_num_threads, 0 where unset), so that
+    # scan workers do not each spread OpenCV over every core.
+    scan_probe = probe()
+    overrides = {} if configured is None else {
+        'env_cfg.mp_cfg.opencv_num_threads': configured}
+    path, _ = probed_config(tmp_path, 'retinanet_voc', 4, {}, **overrides)
+    before = cv2.getNumThreads()
+    cv2.setNumThreads(0)
+    # OpenCV says 1 for 0 (no threads of its own).
+    expected = cv2.getNumThreads() if configured is None else configured
+    cv2.setNumThreads(3)
+    del scan_probe.OPENCV_THREADS[:]
+    try:
+        scan_config(path, progress=False)
+        assert scan_probe.OPENCV_THREADS == [expected] * 4
+        # The caller's setting is put back.
+        assert cv2.getNumThreads() == 3
+    finally:
+        cv2.setNumThreads(before)

@@ -8,11 +8,14 @@ directory on PYTHONPATH).
 """
 import time
 
+import cv2
 from mmcv.transforms import BaseTransform
 from mmengine.registry import TRANSFORMS
 
 # The samples this process's pipelines ran on (one process: no workers).
 SEEN = []
+# OpenCV's thread count as each of them ran.
+OPENCV_THREADS = []
 
 
 @TRANSFORMS.register_module()
@@ -31,6 +34,7 @@ class RecordSample(BaseTransform):
 
     def transform(self, results):
         SEEN.append(results['sample_idx'])
+        OPENCV_THREADS.append(cv2.getNumThreads())
         if self.log is not None:
             with open(self.log, 'a') as f:
                 f.write('%d\n' % results['sample_idx'])
