@@ -54,18 +54,31 @@ class BufferSnapshot(object):
     replace a buffer instead of writing it (torch < 1.8 BatchNorm assigns
     ``num_batches_tracked + 1``): the original tensor is put back in place.
 
+    Taken before every update step under those policies: the copy is one
+    flat tensor per device and dtype (one kernel each, not one per buffer:
+    a ResNet-50 has 159 buffers), split back only to restore.
+
     Args:
         module (torch.nn.Module): Whose buffers to copy now.
     """
 
     def __init__(self, module):
-        self._saved = [(m, name, b, b.detach().clone())
-                       for m in module.modules()
-                       for name, b in m._buffers.items() if b is not None]
+        self._buffers = [(m, name, b) for m in module.modules()
+                         for name, b in m._buffers.items() if b is not None]
+        groups = collections.OrderedDict()
+        for k, (_, _, buffer) in enumerate(self._buffers):
+            groups.setdefault((buffer.device, buffer.dtype), []).append(k)
+        with torch.no_grad():
+            self._flat = [(ks, torch.cat([
+                self._buffers[k][2].reshape(-1) for k in ks]))
+                for ks in groups.values()]
 
     def restore(self):
         """Write the copies back."""
         with torch.no_grad():
-            for module, name, buffer, saved in self._saved:
-                module._buffers[name] = buffer
-                buffer.copy_(saved)
+            for ks, flat in self._flat:
+                sizes = [self._buffers[k][2].numel() for k in ks]
+                for k, saved in zip(ks, flat.split(sizes)):
+                    module, name, buffer = self._buffers[k]
+                    module._buffers[name] = buffer
+                    buffer.copy_(saved.view_as(buffer))
