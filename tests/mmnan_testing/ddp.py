@@ -573,6 +573,39 @@ def run_nodes(scenario, out_dir, nnodes=2, module='mmnan_testing.ddp',
     return _results(out_dir, nnodes), log
 
 
+def keeps_gloo_threads(scenario):
+    """Mark ``scenario`` as one after which the default group's gloo worker
+    threads outlive ``destroy_process_group``: its ranks leave without the
+    interpreter's finalization (:func:`main`).
+
+    A DTensor (FSDP2 ``fully_shard``'s parameters and gradients) keeps the
+    default group's gloo backend alive past ``destroy_process_group`` (torch
+    2.13; ``DTensor.from_local`` alone does). Its workers then still run
+    while the interpreter finalizes, and the one that releases the last
+    collective's tensors (a step's last all-reduce, a few milliseconds
+    before the exit) takes the GIL to drop their Python objects: after
+    finalization started, CPython ends that thread with ``pthread_exit``,
+    whose unwinding through the work's ``noexcept`` destructor aborts the
+    rank ("terminate called without an active exception", SIGABRT), now
+    and then.
+    """
+    scenario.keeps_gloo_threads = True
+    return scenario
+
+
+def _leave(code):
+    """End this rank now, its output and logs flushed, without the
+    interpreter's finalization (nor the C++ exit handlers)."""
+    import logging
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or gone: nothing to keep
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
 def main(argv=None, scenarios=None):
     """``SCENARIO[,SCENARIO...] OUT_DIR``: one scenario in ``OUT_DIR``, or
     several in turn, each in ``OUT_DIR/<scenario>``."""
@@ -580,9 +613,10 @@ def main(argv=None, scenarios=None):
     import torch.distributed as dist
     dist.init_process_group('gloo')
     names = names.split(',')
+    scenarios = scenarios or SCENARIOS
     for name in names:
         where = out_dir if len(names) == 1 else osp.join(out_dir, name)
-        result = (scenarios or SCENARIOS)[name](where)
+        result = scenarios[name](where)
         with open(osp.join(where, 'rank%d.json' % dist.get_rank()),
                   'w') as f:
             json.dump(result, f)
@@ -590,6 +624,11 @@ def main(argv=None, scenarios=None):
     # the interpreter's exit (a joinable one aborts the process).
     dist.barrier()
     dist.destroy_process_group()
+    if any(getattr(scenarios[name], 'keeps_gloo_threads', False)
+           for name in names):
+        # Not joined (see keeps_gloo_threads): a worker must not outlive
+        # the finalization's start.
+        _leave(0)
     # torch 1.7's autograd engine can hang in the exit handlers after a
     # backward (pytorch#47886): a rank that hangs there fails its launch.
     from mmnanhook import compat

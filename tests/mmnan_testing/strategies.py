@@ -19,6 +19,8 @@ import os.path as osp
 
 import torch
 
+from mmnan_testing.ddp import keeps_gloo_threads
+
 # 8 images, 2 ranks, batch 2, DefaultSampler(shuffle=False): rank r's
 # iteration k holds images r + 2 * (2k + j), j < 2; image 5 is on rank 1 in
 # iteration 1.
@@ -150,6 +152,7 @@ class _Net(torch.nn.Module):
         return self.body(x) * self.gain
 
 
+@keeps_gloo_threads
 def _fsdp2(out_dir):
     import torch.distributed as dist
     from mmengine.logging import MessageHub
