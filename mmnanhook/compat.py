@@ -37,6 +37,13 @@ def exit_process(code):
     """
     if not ENGINE_EXIT_RACE:
         sys.exit(code)
+    leave(code)
+
+
+def leave(code):
+    """End this process now with ``code``, its output and log files flushed,
+    without the interpreter's finalization nor the C++ exit handlers (where
+    threads that outlive them would hang or abort it)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

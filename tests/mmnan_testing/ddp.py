@@ -593,19 +593,6 @@ def keeps_gloo_threads(scenario):
     return scenario
 
 
-def _leave(code):
-    """End this rank now, its output and logs flushed, without the
-    interpreter's finalization (nor the C++ exit handlers)."""
-    import logging
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or gone: nothing to keep
-            pass
-    logging.shutdown()
-    os._exit(code)
-
-
 def main(argv=None, scenarios=None):
     """``SCENARIO[,SCENARIO...] OUT_DIR``: one scenario in ``OUT_DIR``, or
     several in turn, each in ``OUT_DIR/<scenario>``."""
@@ -624,14 +611,14 @@ def main(argv=None, scenarios=None):
     # the interpreter's exit (a joinable one aborts the process).
     dist.barrier()
     dist.destroy_process_group()
+    from mmnanhook import compat
     if any(getattr(scenarios[name], 'keeps_gloo_threads', False)
            for name in names):
         # Not joined (see keeps_gloo_threads): a worker must not outlive
         # the finalization's start.
-        _leave(0)
+        compat.leave(0)
     # torch 1.7's autograd engine can hang in the exit handlers after a
     # backward (pytorch#47886): a rank that hangs there fails its launch.
-    from mmnanhook import compat
     compat.exit_process(0)
 
 
