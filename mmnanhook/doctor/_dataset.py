@@ -54,20 +54,14 @@ class DatasetContext(object):
         ignore_index (int): Segmentation maps' ignore index.
         avg_non_ignore (bool): Whether a segmentation loss averages over the
             pixels not ignored only.
-        opencv_threads (int): OpenCV's threads while the pipeline runs:
-            the config's ``env_cfg.mp_cfg.opencv_num_threads``, which
-            mmengine's Runner sets before its dataloader workers run it (0,
-            its default: none of its own).
     """
 
     def __init__(self, angle_range=None, num_classes=None,
-                 ignore_index=IGNORE_INDEX, avg_non_ignore=False,
-                 opencv_threads=0):
+                 ignore_index=IGNORE_INDEX, avg_non_ignore=False):
         self.angle_range = angle_range
         self.num_classes = num_classes
         self.ignore_index = ignore_index
         self.avg_non_ignore = avg_non_ignore
-        self.opencv_threads = opencv_threads
 
     @classmethod
     def of(cls, cfg):
@@ -82,12 +76,19 @@ class DatasetContext(object):
                   if isinstance(d.get('num_classes'), int)]
         ignores = [d['ignore_index'] for d in nodes
                    if isinstance(d.get('ignore_index'), int)]
-        mp_cfg = (cfg.get('env_cfg') or {}).get('mp_cfg') or {}
         return cls(angle_range_from_config(cfg),
                    max(counts) if counts else None,
                    ignores[0] if ignores else IGNORE_INDEX,
-                   any(d.get('avg_non_ignore') for d in nodes),
-                   mp_cfg.get('opencv_num_threads', 0))
+                   any(d.get('avg_non_ignore') for d in nodes))
+
+
+def opencv_threads_of(cfg):
+    """OpenCV's threads for the pipeline: the config's
+    ``env_cfg.mp_cfg.opencv_num_threads``, which mmengine's Runner sets
+    before its dataloader workers run it (0, its default: none of its own).
+    """
+    mp_cfg = (cfg.get('env_cfg') or {}).get('mp_cfg') or {}
+    return mp_cfg.get('opencv_num_threads', 0)
 
 
 def load_config(config_path, doing='build the train dataset of'):
@@ -404,7 +405,7 @@ def _quiet_worker():
 
 
 def check_dataset(dataset, context, show=None, workers=1, start=0,
-                  fast=False):
+                  fast=False, opencv_threads=0):
     """Check every sample from ``start`` on, in index order, yielding as each
     chunk is done.
 
@@ -417,6 +418,8 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
         start (int): The first index checked.
         fast (bool): Check each data info and its image file's header only
             (:func:`check_annotation`), not the pipeline's output.
+        opencv_threads (int): OpenCV's threads meanwhile
+            (:func:`opencv_threads_of` the config).
 
     Yields:
         tuple[int, list]: Samples checked, and ``(SampleFinding, picture
@@ -434,7 +437,7 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
     # Each sample seeds the generators: the caller's states are put back.
     rng = capture_rng()
     try:
-        with _opencv_threads(context.opencv_threads):
+        with _opencv_threads(opencv_threads):
             forks = 'fork' in multiprocessing.get_all_start_methods()
             if workers <= 1 or not forks:
                 for chunk in chunks:
@@ -521,7 +524,8 @@ def scan_config(config_path, progress=True, show=None, workers=1,
         bar.update(start)
     try:
         with contextlib.closing(check_dataset(
-                dataset, context, show, workers, start, fast)) as chunks:
+                dataset, context, show, workers, start, fast,
+                opencv_threads_of(cfg))) as chunks:
             for checked, new in chunks:
                 for result, paths in new:
                     found.append((result, paths))

@@ -5,7 +5,8 @@ import logging
 from .._log import log
 from ..diagnosis import filter_advice, train_pipeline
 from ..records import ConfigFinding, ProblemCategory
-from ._dataset import build_dataset, check_dataset, load_config
+from ._dataset import (build_dataset, check_dataset, load_config,
+                       opencv_threads_of)
 from ._headroom import (FP16_MAX, confirm_overflow, cpu_fp16_autocast,
                         measure)
 from ._rules import config_findings
@@ -182,7 +183,8 @@ def run_doctor(config_path, world_size=None, data=True, headroom_iters=2,
     if data:
         dataset, context = build_dataset(cfg, config_path)
         report.scanned = len(dataset)
-        for _, found in check_dataset(dataset, context, workers=workers):
+        for _, found in check_dataset(dataset, context, workers=workers,
+                                      opencv_threads=opencv_threads_of(cfg)):
             report.samples.extend(finding for finding, _ in found)
         report.config.extend(unfiltered_boxes(cfg, report.samples))
     if headroom_iters:

@@ -76,10 +76,7 @@ def scan_identity(cfg, config_path, dataset, context, fast, show):
     get_info = getattr(dataset, 'get_data_info', None)
     ends = [get_info(i).get('img_path') for i in sorted({0, len(dataset) - 1})
             ] if get_info is not None and len(dataset) else []
-    # OpenCV's threads change how fast the pass runs, not what it finds.
-    checks = sorted((k, v) for k, v in vars(context).items()
-                    if k != 'opencv_threads')
-    what = [cfg.train_dataloader.dataset, checks,
+    what = [cfg.train_dataloader.dataset, sorted(vars(context).items()),
             ends, [[f, stat(f)] for f in _ann_files(dataset)]]
     digest = hashlib.sha1(json.dumps(what, sort_keys=True, default=str)
                           .encode('utf-8')).hexdigest()
