@@ -63,22 +63,22 @@ class BufferSnapshot(object):
     """
 
     def __init__(self, module):
-        self._buffers = [(m, name, b) for m in module.modules()
-                         for name, b in m._buffers.items() if b is not None]
         groups = collections.OrderedDict()
-        for k, (_, _, buffer) in enumerate(self._buffers):
-            groups.setdefault((buffer.device, buffer.dtype), []).append(k)
+        for m in module.modules():
+            for name, b in m._buffers.items():
+                if b is not None:
+                    groups.setdefault((b.device, b.dtype), []).append(
+                        (m, name, b))
         with torch.no_grad():
-            self._flat = [(ks, torch.cat([
-                self._buffers[k][2].reshape(-1) for k in ks]))
-                for ks in groups.values()]
+            self._flat = [(kept, torch.cat([b.reshape(-1)
+                                            for _, _, b in kept]))
+                          for kept in groups.values()]
 
     def restore(self):
         """Write the copies back."""
         with torch.no_grad():
-            for ks, flat in self._flat:
-                sizes = [self._buffers[k][2].numel() for k in ks]
-                for k, saved in zip(ks, flat.split(sizes)):
-                    module, name, buffer = self._buffers[k]
+            for kept, flat in self._flat:
+                parts = flat.split([b.numel() for _, _, b in kept])
+                for (module, name, buffer), saved in zip(kept, parts):
                     module._buffers[name] = buffer
                     buffer.copy_(saved.view_as(buffer))
