@@ -3,7 +3,9 @@
 The full pipeline with 1 and more worker processes: the zoo RetinaNet R50's
 train pipeline on a synthetic COCO set at 320 px (see ``mmnan_testing.zoo``),
 runs alternating between the worker counts after ``--warmup`` untimed
-rounds, median images/s of the repeats.
+rounds, median images/s of the repeats and the median of each repeat's ratio
+to the first count; the cores kept busy (CPU seconds of the process and its
+workers over the wall time).
 
 The fast mode (``mmnan scan --fast``: data infos and image headers, no
 decoding, no pipeline) in this one process (one core, one torch thread) on
@@ -19,6 +21,7 @@ from the page cache (a cold disk adds its own seek per file).
 import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
 import os.path as osp
+import resource
 import statistics
 import tempfile
 import time
@@ -40,6 +43,13 @@ def _median(rates):
         ', '.join('%.1f' % r for r in rates))
 
 
+def _cpu_seconds():
+    # This process and its reaped children (the pool's workers).
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def full_pipeline(images, workers, repeats, warmup):
     from mmnanhook.doctor import scan_config
     path, _ = _config(tempfile.mkdtemp(prefix='mmnan_scan_bench_'), images,
@@ -50,16 +60,24 @@ def full_pipeline(images, workers, repeats, warmup):
         for count in workers:
             scan_config(path, progress=False, workers=count)
     rates = dict((w, []) for w in workers)
+    cores = dict((w, []) for w in workers)
     for _ in range(repeats):
         for count in workers:
-            start = time.time()
+            start, cpu = time.time(), _cpu_seconds()
             total, bad, _ = scan_config(path, progress=False, workers=count)
-            rates[count].append(total / (time.time() - start))
-    base = statistics.median(rates[workers[0]])
+            wall = time.time() - start
+            rates[count].append(total / wall)
+            cores[count].append((_cpu_seconds() - cpu) / wall)
     for count in workers:
-        print('full pipeline, %d images, workers %d: %s, %.2fx of %d' % (
-            images, count, _median(rates[count]),
-            statistics.median(rates[count]) / base, workers[0]))
+        # Each repeat runs every count back to back: the ratio of a pair
+        # sees the same state of the machine.
+        paired = [r / b for r, b in zip(rates[count], rates[workers[0]])]
+        print('full pipeline, %d images, workers %d: %s, %.2fx of %d '
+              '(median of the paired ratios; %s); cores busy %.2f' % (
+                  images, count, _median(rates[count]),
+                  statistics.median(paired), workers[0],
+                  ', '.join('%.2f' % r for r in paired),
+                  statistics.median(cores[count])))
 
 
 def fast_mode(images, repeats):

@@ -19,6 +19,7 @@ resuming, the checks' context); the progress record is its own module
 """
 import contextlib
 import functools
+import gc
 import io
 import multiprocessing
 import os
@@ -113,6 +114,30 @@ def load_config(config_path, doing='build the train dataset of'):
     return cfg
 
 
+@contextlib.contextmanager
+def _frozen_heap():
+    """The objects that exist now left out of the garbage collector's
+    passes meanwhile (``gc.freeze``).
+
+    For a dataset's build: mmengine's ``BaseDataset`` ends it with a full
+    ``gc.collect()``, which walks every object of the process (torch's and
+    the codebases' imports), none of them the build's garbage: 160 of the
+    210 ms a 1,200-image COCO set takes here. For a fork: the children's
+    collections then leave the inherited objects alone instead of writing
+    to (copying) every page that holds one, as Python's ``gc`` docs advise.
+    A caller's own frozen objects stay frozen: unfreezing is all or nothing,
+    so then nothing is done here.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def build_dataset(cfg, config_path):
     """(train dataset, :class:`DatasetContext`) of a loaded config.
 
@@ -121,7 +146,8 @@ def build_dataset(cfg, config_path):
     """
     from mmengine.registry import DATASETS
     try:
-        dataset = DATASETS.build(cfg.train_dataloader.dataset)
+        with _frozen_heap():
+            dataset = DATASETS.build(cfg.train_dataloader.dataset)
     except Exception as error:  # noqa: BLE001 - any failure is bad input
         raise DatasetError(one_line(
             'cannot build the train dataset of {}: {}: {}'.format(
@@ -395,8 +421,23 @@ def _opencv_threads(count):
         cv2.setNumThreads(before)
 
 
+@contextlib.contextmanager
+def _one_torch_thread():
+    """One torch thread while this process checks samples: the workers
+    are the parallelism. With torch's default (a thread a core), the
+    pipeline's few tensor ops keep a second core spinning for no speed
+    (6.4 s of CPU for the 3.6 s of a 1,200-image pass here; 3.6 s with one
+    thread, in the same time)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _quiet_worker():
-    # One thread a worker: the workers are the parallelism.
+    # A worker's thread count is for its life: nothing to put back.
     torch.set_num_threads(1)
     # Ctrl-C and a kill are the parent's to handle: it ends the pool and
     # saves what is done; a worker dies as the parent terminates it.
@@ -440,11 +481,13 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
         with _opencv_threads(opencv_threads):
             forks = 'fork' in multiprocessing.get_all_start_methods()
             if workers <= 1 or not forks:
-                for chunk in chunks:
-                    yield _check_chunk(chunk)
+                with _one_torch_thread():
+                    for chunk in chunks:
+                        yield _check_chunk(chunk)
                 return
-            pool = multiprocessing.get_context('fork').Pool(
-                workers, initializer=_quiet_worker)
+            with _frozen_heap():
+                pool = multiprocessing.get_context('fork').Pool(
+                    workers, initializer=_quiet_worker)
             try:
                 for done in pool.imap(_check_chunk, chunks):
                     yield done

@@ -2,6 +2,7 @@
 quarantine list written while the scan runs, a scan interrupted and resumed
 ending as one that was not, and the fast mode (annotations and image headers
 only: no decoding, no pipeline)."""
+import gc
 import io
 import json
 import os.path as osp
@@ -262,21 +263,41 @@ def test_the_pipeline_runs_with_the_runners_opencv_threads(tmp_path,
                                                            configured):
     # As mmengine's Runner does before its dataloader workers run the
     # pipeline (env_cfg.mp_cfg.opencv_num_threads, 0 where unset), so that
-    # scan workers do not each spread OpenCV over every core.
+    # scan workers do not each spread OpenCV over every core; and one torch
+    # thread, as in a worker.
     scan_probe = probe()
     overrides = {} if configured is None else {
         'env_cfg.mp_cfg.opencv_num_threads': configured}
     path, _ = probed_config(tmp_path, 'retinanet_voc', 4, {}, **overrides)
-    before = cv2.getNumThreads()
+    before = cv2.getNumThreads(), torch.get_num_threads()
     cv2.setNumThreads(0)
     # OpenCV says 1 for 0 (no threads of its own).
     expected = cv2.getNumThreads() if configured is None else configured
     cv2.setNumThreads(3)
-    del scan_probe.OPENCV_THREADS[:]
+    torch.set_num_threads(2)
+    del scan_probe.OPENCV_THREADS[:], scan_probe.TORCH_THREADS[:]
     try:
         scan_config(path, progress=False)
         assert scan_probe.OPENCV_THREADS == [expected] * 4
-        # The caller's setting is put back.
-        assert cv2.getNumThreads() == 3
+        assert scan_probe.TORCH_THREADS == [1] * 4
+        # The caller's settings are put back.
+        assert (cv2.getNumThreads(), torch.get_num_threads()) == (3, 2)
     finally:
-        cv2.setNumThreads(before)
+        cv2.setNumThreads(before[0])
+        torch.set_num_threads(before[1])
+
+
+@pytest.mark.mmdet
+@pytest.mark.parametrize('workers', [1, 2])
+def test_the_garbage_collector_is_left_as_found(tmp_path, workers):
+    # The scan freezes the objects that exist while it builds the dataset
+    # and forks its workers; a caller's own freeze is not undone.
+    path, _ = probed_config(tmp_path, 'retinanet_voc', 4, {})
+    scan_config(path, progress=False, workers=workers)
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        scan_config(path, progress=False, workers=workers)
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

@@ -9,6 +9,7 @@ directory on PYTHONPATH).
 import time
 
 import cv2
+import torch
 from mmcv.transforms import BaseTransform
 from mmengine.registry import TRANSFORMS
 
@@ -16,6 +17,8 @@ from mmengine.registry import TRANSFORMS
 SEEN = []
 # OpenCV's thread count as each of them ran.
 OPENCV_THREADS = []
+# torch's thread count as each of them ran.
+TORCH_THREADS = []
 
 
 @TRANSFORMS.register_module()
@@ -35,6 +38,7 @@ class RecordSample(BaseTransform):
     def transform(self, results):
         SEEN.append(results['sample_idx'])
         OPENCV_THREADS.append(cv2.getNumThreads())
+        TORCH_THREADS.append(torch.get_num_threads())
         if self.log is not None:
             with open(self.log, 'a') as f:
                 f.write('%d\n' % results['sample_idx'])
