@@ -5,6 +5,8 @@ import traceback
 import pytest
 import torch
 
+from mmnan_testing.loaders import end_left_workers
+
 # The test support package (tests/mmnan_testing) is on pytest's path because
 # this file's directory is; processes the tests start (DDP ranks, the CLI,
 # exit checks) find it through PYTHONPATH, as a user's project would be found.
@@ -68,6 +70,13 @@ def _tiers(items):
         marker = item.get_closest_marker('everyday_leg')
         if marker is not None and leg not in marker.args:
             item.add_marker(pytest.mark.zoo_full)
+
+
+@pytest.fixture(autouse=True)
+def _no_dataloader_workers_left():
+    # Each test's workers end with it, not seconds into another test.
+    yield
+    end_left_workers()
 
 
 # First: the markers added here must be in place before ``-m`` deselects.
