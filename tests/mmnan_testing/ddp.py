@@ -573,26 +573,6 @@ def run_nodes(scenario, out_dir, nnodes=2, module='mmnan_testing.ddp',
     return _results(out_dir, nnodes), log
 
 
-def keeps_gloo_threads(scenario):
-    """Mark ``scenario`` as one after which the default group's gloo worker
-    threads outlive ``destroy_process_group``: its ranks leave without the
-    interpreter's finalization (:func:`main`).
-
-    A DTensor (FSDP2 ``fully_shard``'s parameters and gradients) keeps the
-    default group's gloo backend alive past ``destroy_process_group`` (torch
-    2.13; ``DTensor.from_local`` alone does). Its workers then still run
-    while the interpreter finalizes, and the one that releases the last
-    collective's tensors (a step's last all-reduce, a few milliseconds
-    before the exit) takes the GIL to drop their Python objects: after
-    finalization started, CPython ends that thread with ``pthread_exit``,
-    whose unwinding through the work's ``noexcept`` destructor aborts the
-    rank ("terminate called without an active exception", SIGABRT), now
-    and then.
-    """
-    scenario.keeps_gloo_threads = True
-    return scenario
-
-
 def main(argv=None, scenarios=None):
     """``SCENARIO[,SCENARIO...] OUT_DIR``: one scenario in ``OUT_DIR``, or
     several in turn, each in ``OUT_DIR/<scenario>``."""
@@ -607,19 +587,39 @@ def main(argv=None, scenarios=None):
         with open(osp.join(where, 'rank%d.json' % dist.get_rank()),
                   'w') as f:
             json.dump(result, f)
-    # Every rank done before any leaves; the group's threads joined before
-    # the interpreter's exit (a joinable one aborts the process).
+    # Every rank done before any leaves.
     dist.barrier()
     dist.destroy_process_group()
+    _leave()
+
+
+def _leave():
+    """End a rank that is done, without the interpreter's finalization.
+
+    Once ``torch.distributed.fsdp`` is imported (torch 2.13; mmengine.runner
+    imports it), ``destroy_process_group`` leaves the default group's gloo
+    worker threads running. One that drops a finished collective's tensors
+    after the finalization began takes the GIL, CPython ends that thread with
+    ``pthread_exit``, and the unwinding through the work's ``noexcept``
+    destructor aborts the rank ("terminate called without an active
+    exception"), now and then (seen after the rewind's broadcasts; core
+    dumps: ``~AsyncBroadcastWork`` -> ``decref`` -> ``take_gil`` ->
+    ``pthread_exit`` while the main thread is in ``Py_FinalizeEx``). On
+    torch 1.7 the autograd engine can hang in the exit handlers after a
+    backward (pytorch#47886). What a normal exit would have caught is
+    checked first: a thread of ours, or any that would keep the process
+    alive, still running fails the rank.
+    """
+    import threading
+
     from mmnanhook import compat
-    if any(getattr(scenarios[name], 'keeps_gloo_threads', False)
-           for name in names):
-        # Not joined (see keeps_gloo_threads): a worker must not outlive
-        # the finalization's start.
-        compat.leave(0)
-    # torch 1.7's autograd engine can hang in the exit handlers after a
-    # backward (pytorch#47886): a rank that hangs there fails its launch.
-    compat.exit_process(0)
+    left = [t.name for t in threading.enumerate()
+            if t is not threading.main_thread()
+            and (not t.daemon or t.name.startswith('mmnanhook'))]
+    if left:
+        print('threads still running at the end of the scenario: %s'
+              % ', '.join(left), file=sys.stderr)
+    compat.leave(1 if left else 0)
 
 
 if __name__ == '__main__':

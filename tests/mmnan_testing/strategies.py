@@ -19,7 +19,6 @@ import os.path as osp
 
 import torch
 
-from mmnan_testing.ddp import keeps_gloo_threads
 
 # 8 images, 2 ranks, batch 2, DefaultSampler(shuffle=False): rank r's
 # iteration k holds images r + 2 * (2k + j), j < 2; image 5 is on rank 1 in
@@ -152,7 +151,6 @@ class _Net(torch.nn.Module):
         return self.body(x) * self.gain
 
 
-@keeps_gloo_threads
 def _fsdp2(out_dir):
     import torch.distributed as dist
     from mmengine.logging import MessageHub
