@@ -3,9 +3,10 @@
 * :mod:`._rules`: config rules (data-free): an IoU-type box loss on encoded
   deltas, the LR not scaled to the real batch, a static AMP loss scale, an
   unclamped Gaussian-distance loss.
-* :mod:`._dataset`: every sample through the train pipeline, checked as the
-  loss will see it (``mmnan scan``): GT boxes, declared sizes, labels,
-  segmentation maps.
+* :mod:`._dataset`: the pass over a config's train dataset (``mmnan scan``):
+  workers, findings streamed, resumable (:mod:`._journal`).
+* :mod:`._samples`: what each sample is checked for, as the loss will see
+  it: GT boxes, declared sizes, labels, segmentation maps.
 * :mod:`._headroom`: fp16 headroom of every module from a few fp32
   iterations.
 * :mod:`._doctor`: the three in one report; the rules at a run's start.
