@@ -259,8 +259,8 @@ def test_fast_mode_names_an_image_file_it_cannot_read(tmp_path):
 
 @pytest.mark.mmdet
 @pytest.mark.parametrize('configured', [None, 2])
-def test_the_pipeline_runs_with_the_runners_opencv_threads(tmp_path,
-                                                           configured):
+def test_the_pipeline_runs_with_the_runners_opencv_and_one_torch_thread(
+        tmp_path, configured):
     # As mmengine's Runner does before its dataloader workers run the
     # pipeline (env_cfg.mp_cfg.opencv_num_threads, 0 where unset), so that
     # scan workers do not each spread OpenCV over every core; and one torch
