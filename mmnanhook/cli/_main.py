@@ -161,6 +161,12 @@ def _doctor_lines(report):
         for item in report.samples:
             lines.append('  sample {} {}:'.format(item.index, item.img_path))
             lines.extend('    ' + p.text for p in item.problems)
+    if report.dataset_unchecked is not None:
+        lines.append('dataset: ' + report.dataset_unchecked)
+    if report.headroom_skipped is not None:
+        lines.append('fp16 headroom: ' + report.headroom_skipped)
+        lines.extend('note: ' + n for n in report.notes)
+        return lines
     lines.append('fp16 headroom: {} module(s) over or within {:g}x of '
                  "fp16's range".format(len(report.ranges), NEAR))
     lines.extend('  - {} {}'.format(r.verdict(report.loss_scale),
@@ -193,6 +199,13 @@ def _doctor_html(report, config):
         body.append('<h2>Dataset</h2><p>{} of {} samples with problems</p>'
                     '<ul>{}</ul>'.format(len(report.samples), report.scanned,
                                          samples))
+    if report.dataset_unchecked is not None:
+        body.append('<h2>Dataset</h2><p>{}</p>'.format(escape(
+            report.dataset_unchecked)))
+    if report.headroom_skipped is not None:
+        body.append('<h2>fp16 headroom</h2><p>{}</p>'.format(escape(
+            report.headroom_skipped)))
+        return page('mmnan doctor: ' + config, body)
     body.append('<h2>fp16 headroom</h2><ul>{}</ul>'.format(''.join(
         '<li class="bad">{} {}</li>'.format(
             escape(r.verdict(report.loss_scale)),

@@ -126,21 +126,44 @@ def _frozen_heap():
         gc.unfreeze()
 
 
+# What to do about a dataset that cannot be built where the check runs.
+WHERE_THE_DATA_IS = 'run where the data is'
+
+
+def try_build_dataset(cfg):
+    """(train dataset, :class:`DatasetContext`, ``None``) of a loaded
+    config, or ``(None, None, error)`` when its dataset cannot be built here
+    (its files missing, its codebase not installed), the error in one line
+    (``FileNotFoundError: ...``).
+
+    Args:
+        cfg (mmengine.Config): The config.
+    """
+    from mmengine.registry import DATASETS
+    try:
+        with _frozen_heap():
+            dataset = DATASETS.build(cfg.train_dataloader.dataset)
+            # As the Runner does: a lazy_init dataset reads its files here.
+            if hasattr(dataset, 'full_init'):
+                dataset.full_init()
+    except Exception as error:  # noqa: BLE001 - any failure is said
+        return None, None, one_line('{}: {}'.format(type(error).__name__,
+                                                    error))
+    return dataset, DatasetContext.of(cfg), None
+
+
 def build_dataset(cfg, config_path):
     """(train dataset, :class:`DatasetContext`) of a loaded config.
 
     Raises:
         DatasetError: Its dataset cannot be built (one line).
     """
-    from mmengine.registry import DATASETS
-    try:
-        with _frozen_heap():
-            dataset = DATASETS.build(cfg.train_dataloader.dataset)
-    except Exception as error:  # noqa: BLE001 - any failure is bad input
-        raise DatasetError(one_line(
-            'cannot build the train dataset of {}: {}: {}'.format(
-                config_path, type(error).__name__, error)))
-    return dataset, DatasetContext.of(cfg)
+    dataset, context, error = try_build_dataset(cfg)
+    if error is not None:
+        raise DatasetError('cannot build the train dataset of {}: {}; '
+                           'nothing checked: {}'.format(
+                               config_path, error, WHERE_THE_DATA_IS))
+    return dataset, context
 
 
 # What the worker processes check: set before they fork, so that they

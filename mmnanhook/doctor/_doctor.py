@@ -5,8 +5,8 @@ import logging
 from .._log import log
 from ..diagnosis import filter_advice, train_pipeline
 from ..records import ConfigFinding, ProblemCategory
-from ._dataset import (build_dataset, check_dataset, load_config,
-                       opencv_threads_of)
+from ._dataset import (WHERE_THE_DATA_IS, check_dataset, load_config,
+                       opencv_threads_of, try_build_dataset)
 from ._headroom import (FP16_MAX, confirm_overflow, cpu_fp16_autocast,
                         measure)
 from ._rules import config_findings
@@ -33,10 +33,17 @@ class DoctorReport(object):
             predicted overflow run under fp16 autocast on the CPU;
             ``overflowed`` is ``None`` where torch cannot.
         notes (list[str]): What was not checked, and why.
+        unbuilt (str, optional): Why the train dataset could not be built
+            here (``FileNotFoundError: ...``): neither the dataset nor the
+            headroom was checked (the config rules were).
+        data (bool): Whether the dataset pass was asked for.
+        headroom (bool): Whether the headroom was asked for.
     """
 
     def __init__(self):
         self.config = []
+        self.unbuilt = None
+        self.data = self.headroom = True
         self.scanned = None
         self.samples = []
         self.ranges = []
@@ -44,6 +51,26 @@ class DoctorReport(object):
         self.backoff = None
         self.confirmed = None
         self.notes = []
+
+    @property
+    def dataset_unchecked(self):
+        """Why the dataset part was not checked, when it was asked for and
+        its dataset cannot be built, else ``None``."""
+        if not self.data or self.unbuilt is None:
+            return None
+        return 'not checked: the train dataset cannot be built here ({}); ' \
+            '{}, or pass --no-data'.format(self.unbuilt, WHERE_THE_DATA_IS)
+
+    @property
+    def headroom_skipped(self):
+        """Why the headroom part was skipped, when it was asked for and its
+        batches cannot be had, else ``None``."""
+        if not self.headroom or self.unbuilt is None:
+            return None
+        # Its batches come from the same dataset.
+        return 'skipped: no batch to train on, the train dataset cannot ' \
+            'be built here ({})'.format(
+                'as above' if self.data else self.unbuilt)
 
     @property
     def found(self):
@@ -119,10 +146,15 @@ def _headroom(cfg, iters, report):
     from mmengine.runner import Runner, set_random_seed
     if cfg.get('default_scope') is not None:
         init_default_scope(cfg.default_scope)
+    # Its own dataset, as a run builds it: the pass's may hold what the
+    # pipeline cached (a CachedMosaic's images).
+    dataset, _, report.unbuilt = try_build_dataset(cfg)
+    if dataset is None:
+        return
     # The same figures every time: the model's initial weights are random.
     set_random_seed((cfg.get('randomness') or {}).get('seed') or 0)
     model = MODELS.build(cfg.model)
-    loader_cfg = dict(cfg.train_dataloader, num_workers=0,
+    loader_cfg = dict(cfg.train_dataloader, dataset=dataset, num_workers=0,
                       persistent_workers=False)
     loader = Runner.build_dataloader(loader_cfg, seed=0)
     wrapper_cfg = dict(cfg.optim_wrapper)
@@ -161,6 +193,11 @@ def run_doctor(config_path, world_size=None, data=True, headroom_iters=2,
                workers=1):
     """Check one config: rules, dataset, fp16 headroom.
 
+    The rules need the config only, and run first: a dataset that cannot be
+    built here (the data on another machine, its codebase not installed)
+    leaves the dataset and the headroom unchecked, said in the report
+    (:attr:`DoctorReport.unbuilt`), not raised.
+
     Args:
         config_path (str): The config file.
         world_size (int, optional): GPUs the run will use (the LR rule);
@@ -173,15 +210,17 @@ def run_doctor(config_path, world_size=None, data=True, headroom_iters=2,
         DoctorReport: What was found.
 
     Raises:
-        DatasetError: The config cannot be loaded, or (``data``) its dataset
-            cannot be built.
+        DatasetError: The config cannot be loaded.
     """
     report = DoctorReport()
+    report.data, report.headroom = data, bool(headroom_iters)
     cfg = load_config(config_path, 'load')
     report.config = config_findings(cfg, filename=config_path,
                                     world_size=world_size)
     if data:
-        dataset, context = build_dataset(cfg, config_path)
+        dataset, context, report.unbuilt = try_build_dataset(cfg)
+        if dataset is None:
+            return report
         report.scanned = len(dataset)
         for _, found in check_dataset(dataset, context, workers=workers,
                                       opencv_threads=opencv_threads_of(cfg)):
