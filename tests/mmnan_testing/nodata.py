@@ -130,14 +130,16 @@ def read_log(log_file):
 
 
 def log_index(log_file, path, worker_id):
-    """A ``worker_init_fn`` that appends ``index BUILDS BUILT FOUND`` for
-    the worker's dataset: the walks of its :class:`SampleIndex` (inherited
-    from the process that forked it), whether it holds the arrays, and,
-    when it does, the indices that load ``path``."""
+    """A ``worker_init_fn`` that appends ``index BUILDS BUILT SEARCHED
+    FOUND`` for the worker's dataset: the walks of its :class:`SampleIndex`
+    (inherited from the process that forked it), whether it holds the
+    arrays, whether its lookups search the infos, and, when it can answer
+    without a walk, the indices that load ``path``."""
     from torch.utils.data import get_worker_info
     from mmnanhook.quarantine import sample_index
     index = sample_index(get_worker_info().dataset)
     built = index.nbytes > 0
-    found = index.indices(path) if built else []
-    _append(log_file, 'index %d %d %s' % (
-        index.builds, built, ','.join(map(str, found)) or '-'))
+    found = index.indices(path) if built or index.searched else []
+    _append(log_file, 'index %d %d %d %s' % (
+        index.builds, built, index.searched, ','.join(map(str, found)) or
+        '-'))

@@ -1,35 +1,78 @@
-"""The index of a dataset's samples by file (:class:`SampleIndex`): its
-lookups are those of a walk over every data info, through mmengine's
-wrappers and with repeated files; a lookup reads the data infos of its
-candidates only; one index per dataset, built once, in a forked child or in
-process alike, and shared by the quarantine, the diagnosis and the composed
-guard.
+"""The lookups of a dataset's samples by file (:class:`SampleIndex`): they
+are those of a walk over every data info, through mmengine's wrappers, with
+repeated files and paths inside longer ones; mmengine's datasets are
+searched (serialized infos, or infos kept as objects), never walked, so the
+first trigger of a run on a million infos costs what it costs on 16; a
+dataset whose ``get_data_info`` makes its paths up is walked once, in a
+forked child or in process alike; one per dataset, shared by the
+quarantine, the diagnosis and the composed guard.
 
 mmengine datasets of data infos only (:mod:`mmnan_testing.infos`), in
-process; the composed guard on mmdet's Mosaic over 8 synthetic images.
+process; the first trigger on a real Runner; the composed guard on mmdet's
+Mosaic over 8 synthetic images.
 """
 import os
+import statistics
+import uuid
 
 import pytest
-from mmengine.dataset import ConcatDataset, RepeatDataset
+from mmengine.dataset import (ClassBalancedDataset, ConcatDataset,
+                              RepeatDataset)
+from mmengine.runner import Runner
 from mmengine.structures import BaseDataElement
 
 from mmnanhook.diagnosis import annotations, annotation_of
-from mmnanhook.quarantine import Quarantine, prepare_index, sample_index
+from mmnanhook.quarantine import (FILE_NAME, Quarantine, prepare_index,
+                                  read_quarantine, sample_index)
+from mmnanhook.quarantine import _index
 from mmnanhook.quarantine._index import BACKGROUND_FROM
-from mmnan_testing.infos import InfoDataset, objects365_path
+from mmnan_testing.infos import (InfoDataset, InfoInputs, InfoModel,
+                                 IterTimes, ManyInfosDataset, TailSampler,
+                                 fixed_path, objects365_path)
 
-# Files repeated, and a sample that names none.
-PATHS = ['a.jpg', 'b.jpg', 'a.jpg', None, 'c.jpg', 'b.jpg', 'a.jpg']
-LOOKED_UP = ['a.jpg', 'b.jpg', 'c.jpg', 'd.jpg', 'missing.jpg']
+# Files repeated, a sample that names none, and a path that holds another.
+PATHS = ['a.jpg', 'b.jpg', 'a.jpg', None, 'c.jpg', 'b.jpg', 'a.jpg',
+         'x/a.jpg']
+LOOKED_UP = ['a.jpg', 'b.jpg', 'c.jpg', 'd.jpg', 'x/a.jpg', 'missing.jpg',
+             '.jpg']
 
 
-def _dataset(kind):
-    inner = InfoDataset(PATHS)
+class MadeUpPaths(InfoDataset):
+    """Its ``get_data_info`` makes ``img_path`` up from the stored one (a
+    root joined on read): no search finds it in the infos, it is walked."""
+
+    def get_data_info(self, idx):
+        info = super(MadeUpPaths, self).get_data_info(idx)
+        if info.get('img_path') is not None:
+            info['img_path'] = 'root/' + info['img_path']
+        return info
+
+
+class TwoClasses(object):
+    """Samples' classes for ``ClassBalancedDataset``: 'a.jpg' the rare one
+    (repeated)."""
+
+    def get_cat_ids(self, idx):
+        path = self.get_data_info(idx).get('img_path') or ''
+        return [0] if path.endswith('/a.jpg') or path == 'a.jpg' else [1]
+
+
+def _dataset(kind, way='serialized'):
+    """``kind``: ``'plain'``, or in a Repeat, Concat or ClassBalanced
+    wrapper; ``way``: its infos ``'serialized'``, kept as ``'objects'``, or
+    ``'made_up'`` (walked)."""
+    cls = MadeUpPaths if way == 'made_up' else InfoDataset
+    if kind == 'balanced':
+        cls = type('Balanced' + cls.__name__, (TwoClasses, cls), {})
+    serialize = way != 'objects'
+    inner = cls(PATHS, serialize_data=serialize)
     if kind == 'repeat':
         return RepeatDataset(inner, times=3)
     if kind == 'concat':
-        return ConcatDataset([inner, InfoDataset(['d.jpg', 'a.jpg'])])
+        return ConcatDataset([inner, cls(['d.jpg', 'a.jpg'],
+                                         serialize_data=serialize)])
+    if kind == 'balanced':
+        return ClassBalancedDataset(inner, oversample_thr=0.9)
     return inner
 
 
@@ -44,22 +87,43 @@ def _batch(*paths):
                               for p in paths])
 
 
-@pytest.mark.parametrize('background', [False, True],
-                         ids=['in_process', 'forked'])
-@pytest.mark.parametrize('kind', ['plain', 'repeat', 'concat'])
-def test_lookups_are_those_of_a_walk(tmp_path, kind, background):
-    dataset = _dataset(kind)
+@pytest.mark.parametrize('way', [
+    'serialized', 'objects', 'made_up-in_process', 'made_up-forked'])
+@pytest.mark.parametrize('kind', ['plain', 'repeat', 'concat', 'balanced'])
+def test_lookups_are_those_of_a_walk(tmp_path, kind, way):
+    dataset = _dataset(kind, way.split('-')[0])
     index = sample_index(dataset)
-    index.start(background=background)
+    index.start(background=way.endswith('forked'))
     quarantine = Quarantine(str(tmp_path / 'q.json'), dataset)
-    for path in LOOKED_UP:
+    looked_up = LOOKED_UP + ['root/' + p for p in LOOKED_UP]
+    assert any(_walk(dataset, path) for path in looked_up)
+    for path in looked_up:
         walked = _walk(dataset, path)
         assert index.indices(path) == walked
         assert quarantine.indices_of(path) == walked
         first, info = index.first(path)
         assert first == (walked[0] if walked else None)
         assert info == (dataset.get_data_info(first) if walked else None)
-    assert index.builds == 1
+    made_up = way.startswith('made_up')
+    assert index.searched is not made_up
+    assert index.builds == (1 if made_up else 0)
+
+
+@pytest.mark.parametrize('search', ['memmem', 'portable'])
+def test_a_search_is_not_fooled_by_the_bytes_around_a_path(monkeypatch,
+                                                           search):
+    # A path inside longer ones, and bytes that are no path.
+    if search == 'portable':
+        # Where libc has no memmem; chunks so small that hits straddle two.
+        monkeypatch.setattr(_index, '_MEMMEM', None)
+        monkeypatch.setattr(_index, '_CHUNK', 7)
+    else:
+        assert _index._MEMMEM is not None
+    paths = ['p/1.jpg', 'p/1.jpg.bak', 'q/p/1.jpg', 'p/2.jpg', 'p/1.jpg']
+    dataset = InfoDataset(paths)
+    for path in paths + ['p/1', 'jpg', '1.jpg', 'bbox_label', 'instances']:
+        assert sample_index(dataset).indices(path) == _walk(dataset, path)
+    assert sample_index(dataset).indices('p/1.jpg') == [0, 4]
 
 
 @pytest.mark.parametrize('kind', ['plain', 'repeat', 'concat'])
@@ -75,35 +139,42 @@ def test_annotations_are_those_of_a_walk(kind):
     assert infos == {i: e for i, e in enumerate(expected) if e}
 
 
-def test_a_lookup_reads_the_data_infos_of_its_candidates_only(tmp_path):
+def test_a_lookup_reads_the_data_infos_of_its_indices_only(tmp_path):
     inner = InfoDataset([objects365_path(i) for i in range(2000)])
     dataset = RepeatDataset(inner, times=2)
-    sample_index(dataset).start(background=False)
-    assert inner.calls == len(dataset)
+    assert sample_index(dataset).searched
+    # Its first and last samples, to see their paths stored as they are.
+    assert inner.calls == 2
     bad, other = objects365_path(1998), objects365_path(1990)
     expected = annotation_of(inner, inner.get_data_info(1998))
     inner.calls = 0
     assert annotations(dataset, _batch(other, bad))[1] == expected
-    assert inner.calls == 2  # the first index of each
+    # Each file's two indices, then the first's info.
+    assert inner.calls == 2 * 3
     inner.calls = 0
     quarantine = Quarantine(str(tmp_path / 'q.json'), dataset)
     assert quarantine.add(bad, 'zero width').indices == [1998, 3998]
-    assert inner.calls == 2  # the file's two indices
-    assert sample_index(dataset).builds == 1
+    assert inner.calls == 0  # the trigger's files are kept
+    assert sample_index(dataset).builds == 0
 
 
-def test_a_large_dataset_is_walked_in_a_child_from_before_train():
-    small = InfoDataset(PATHS)
-    large = InfoDataset([objects365_path(i) for i in range(BACKGROUND_FROM)])
-    prepare_index(small)
-    prepare_index(large)
+def test_a_large_dataset_is_searched_or_walked_in_a_child_from_before_train():
+    large = [objects365_path(i) for i in range(BACKGROUND_FROM)]
+    small, searched, made_up = (MadeUpPaths(PATHS), InfoDataset(large),
+                                MadeUpPaths(large))
+    for each in (small, searched, made_up):
+        prepare_index(each)
     assert sample_index(small).builds == 0  # at its first lookup
-    assert sample_index(large).builds == 1 and large.calls == 0
-    assert sample_index(large).indices(objects365_path(5)) == [5]
-    assert large.calls == 1
+    # Searched: its first and last samples read (their paths are in their
+    # infos); made up: its first (its path is not), then walked by a child.
+    assert sample_index(searched).builds == 0 and searched.calls == 2
+    assert sample_index(made_up).builds == 1 and made_up.calls == 1
+    assert sample_index(searched).indices(objects365_path(5)) == [5]
+    assert sample_index(made_up).indices('root/' + objects365_path(5)) == [5]
+    assert searched.calls == 3 and made_up.calls == 2
 
 
-class _ChildFails(InfoDataset):
+class _ChildFails(MadeUpPaths):
     """Its data infos cannot be read in another process."""
 
     def __init__(self, paths):
@@ -119,7 +190,7 @@ def test_a_walk_that_failed_in_the_child_is_done_here():
     dataset = _ChildFails(PATHS)
     index = sample_index(dataset)
     index.start()
-    assert index.indices('b.jpg') == [1, 5]
+    assert index.indices('root/b.jpg') == [1, 5]
     assert index.builds == 2
 
 
@@ -131,7 +202,7 @@ def test_one_index_per_dataset_while_it_lives():
     assert sample_index(dataset.dataset) is not index
     annotations(dataset, _batch('a.jpg'))
     Quarantine('unused.json', dataset).indices_of('b.jpg')
-    assert index.builds == 1
+    assert index.searched and index.builds == 0
     del dataset
     gc.collect()
     assert index.dataset is None
@@ -167,4 +238,52 @@ def test_the_quarantine_the_guard_and_the_diagnosis_share_one_index(
     quarantine = Quarantine(str(tmp_path / 'q.json'), dataset)
     assert quarantine.add(tile, 'nodata').indices == [5]
     guard.block(tile)
-    assert index.builds == 1
+    # mmdet's CocoDataset keeps its infos serialized: searched, no walk.
+    assert index.searched and index.builds == 0
+
+
+# A dataset whose walk takes seconds (1.7 M in the benchmark).
+LARGE = 1000000
+# The samples trained on: the dataset's last 12, a batch of 2 (6
+# iterations); the bad one is the 6th, in iteration 2.
+TRAINED, BAD_AT = 12, 5
+
+
+def _first_trigger(tmp_path, size):
+    """A real Runner training :class:`InfoModel` under ``policy='drop'`` on
+    the last samples of ``size`` infos, the bad one in iteration 2: (that
+    iteration's time less the median of the others, the dataset, the run's
+    quarantine list)."""
+    bad = size - TRAINED + BAD_AT
+    dataset = ManyInfosDataset(size, pipeline=[InfoInputs(bad=[bad])])
+    times = IterTimes()
+    runner = Runner(
+        model=InfoModel(), work_dir=str(tmp_path),
+        experiment_name='first_trigger_' + uuid.uuid4().hex,
+        train_dataloader=dict(
+            dataset=dataset, sampler=TailSampler(dataset, TRAINED),
+            batch_size=2, num_workers=0,
+            collate_fn=dict(type='pseudo_collate')),
+        train_cfg=dict(by_epoch=False, max_iters=TRAINED // 2),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01)),
+        custom_hooks=[dict(type='NanDetectHook', policy='drop'), times],
+        default_hooks=dict(checkpoint=None), log_level='WARNING',
+        default_scope='mmengine', randomness=dict(seed=0))
+    runner.train()
+    clean = [t for i, t in times.times.items() if i != BAD_AT // 2]
+    took = times.times[BAD_AT // 2] - statistics.median(clean)
+    listed = read_quarantine(os.path.join(str(tmp_path), FILE_NAME), size)
+    return took, dataset, listed
+
+
+def test_the_first_trigger_costs_the_same_on_a_million_infos(tmp_path):
+    # Before the search, the lookups of a trigger in iteration 2 waited for
+    # the walk begun at before_train: seconds on a million infos.
+    small, _, _ = _first_trigger(tmp_path / 'small', 16)
+    took, dataset, listed = _first_trigger(tmp_path / 'large', LARGE)
+    assert took - small < 1.0, (took, small)
+    bad = LARGE - TRAINED + BAD_AT
+    assert [(s.file, s.indices) for s in listed] == [(fixed_path(bad), [bad])]
+    # Nothing walked, nothing waited for.
+    assert sample_index(dataset).searched
+    assert sample_index(dataset).builds == 0
