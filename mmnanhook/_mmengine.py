@@ -27,3 +27,15 @@ def wrapped_datasets(dataset):
         yield node
         queue.append(getattr(node, 'dataset', None))
         queue.extend(getattr(node, 'datasets', None) or [])
+
+
+def compiles(runner):
+    """Whether ``runner`` compiles the model with ``torch.compile``: the
+    config's ``compile`` (``Runner._maybe_compile``), or FlexibleRunner's
+    ``compile`` argument; ``True`` or a dict of options (an empty one
+    too), not ``None`` or ``False``."""
+    value = getattr(runner, '_compile', None)
+    if value is None:
+        cfg = getattr(runner, 'cfg', None)
+        value = cfg.get('compile', None) if cfg is not None else None
+    return value is not None and value is not False

@@ -168,8 +168,12 @@ class HookRun(object):
             # Raised before any backward: the forward failed.
             handled = None
             if records is not None and self._records() == records:
+                # Taken again on another batch: eagerly, as every replay,
+                # not through a compiled train_step (a new batch size would
+                # recompile it).
+                eager = compat.compiled_original(train_step) or train_step
                 handled = self.forward_failed(exc, functools.partial(
-                    call_with, train_step, args, kwargs))
+                    call_with, eager, args, kwargs))
             if handled is None:
                 raise
             return self._logged(handled)

@@ -102,6 +102,54 @@ def restore_anomaly(state):
     set_detect_anomaly(state[0], check_nan=state[1])
 
 
+# torch.compile (dynamo) exists since torch 2.0; torch.compiler.disable since
+# 2.1, torch._dynamo.disable in 2.0.
+HAS_DYNAMO = TORCH_VERSION >= digit_version('2.0.0')
+
+
+def not_traced(fn):
+    """``fn`` excluded from ``torch.compile``.
+
+    A compiled caller (MMEngine's ``compile``: the whole ``train_step``)
+    graph-breaks at the call and runs ``fn`` eagerly, with every function
+    it calls: dynamo neither traces mmnanhook's Python (host syncs, numpy,
+    RNG states, replays: each a failure or a graph break inside it) nor
+    guards on its state, which changes every iteration and would recompile
+    the caller. ``fn`` itself on torch < 2.0 (nothing compiles there).
+
+    Args:
+        fn (callable): A function of mmnanhook's own making; its name, doc
+            and attributes (a param scheduler's ``_with_counter``) carry
+            over, but for dynamo's markers, which it loses.
+    """
+    if not HAS_DYNAMO:
+        return fn
+    # functools.wraps of a compiled function copies its dynamo markers onto
+    # the wrapper; older torch (before dynamo's wrapper ids) follows them from
+    # the wrapper to that function, and would disable it instead.
+    for name in [k for k in vars(fn) if k.startswith('_torchdynamo')]:
+        delattr(fn, name)
+    compiler = getattr(torch, 'compiler', None)
+    if hasattr(compiler, 'disable'):
+        return compiler.disable(fn)
+    import torch._dynamo as dynamo
+    return dynamo.disable(fn)
+
+
+def compiled_original(fn):
+    """The eager callable that ``torch.compile`` made ``fn`` from (as
+    MMEngine sets the compiled ``train_step`` on the model instance), or
+    ``None`` when ``fn`` is not a compiled function.
+
+    Args:
+        fn (callable): Anything; a :func:`not_traced` function is not
+            compiled.
+    """
+    if not HAS_DYNAMO or getattr(fn, '_torchdynamo_disable', False):
+        return None
+    return getattr(fn, '_torchdynamo_orig_callable', None)
+
+
 HAS_FOREACH_NORM = hasattr(torch, '_foreach_norm')
 
 

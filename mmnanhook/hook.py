@@ -15,6 +15,7 @@ import functools
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
+from . import compat
 from ._mmengine import unwrap_model
 from ._patch import set_attribute
 from ._run import HookRun
@@ -181,7 +182,10 @@ class NanDetectHook(Hook, Listener):
                 self._restore()
                 raise
 
-        return nan_detect_train_step
+        # Runner._maybe_compile compiled train_step before this wraps it:
+        # the compiled step runs inside; this stays out of any graph should
+        # something compile the model's train_step later.
+        return compat.not_traced(nan_detect_train_step)
 
     def _wrap_parse_losses(self, parse_losses):
 
@@ -191,7 +195,8 @@ class NanDetectHook(Hook, Listener):
             self._run.parsed_losses(loss, loss_terms(log_vars))
             return loss, log_vars
 
-        return nan_detect_parse_losses
+        # Called from inside a compiled train_step.
+        return compat.not_traced(nan_detect_parse_losses)
 
     # -- the Listener of the optim wrappers' sentinels: the run answers ----
 

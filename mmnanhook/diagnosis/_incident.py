@@ -15,7 +15,7 @@ import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
 from .._log import log
-from .._mmengine import unwrap_model
+from .._mmengine import compiles, unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       REPORT_TEXT, RNG, STATE_FROM, StatePlan, bundle_name,
                       render_manifest, sample_image_name, sample_info_name,
@@ -30,6 +30,16 @@ from ._composed import trace_parts
 from ._diagnose import diagnose
 from ._pipeline import image_too_large, train_pipeline
 from ._divergence import apply_divergence, weight_evidence
+
+
+
+# The replays run the model eagerly, whatever the run compiled: forward
+# hooks, autograd-node hooks and anomaly mode see every module and op only
+# there.
+COMPILED_NOTE = (
+    'the run\'s train_step is compiled (torch.compile); the replays ran it '
+    'eagerly: a fault made only by the compiled code (a backend\'s kernels '
+    'or fusions) is not reproduced by them')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +190,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     type(error).__name__, error))
     else:
         report = _unreplayed_report('no replay (replay=False)')
+    if compiles(runner) and report.kind == 'not_reproduced':
+        report.notes.append(COMPILED_NOTE)
     if divergence is None:
         divergence = weight_evidence(history_records, report.largest_param,
                                      start_weight, amp=amp_dtype is not None)

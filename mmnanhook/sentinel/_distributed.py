@@ -455,6 +455,7 @@ class ForwardGuard(object):
     def _guarded(self, name, real):
         guard = self
 
+        @compat.not_traced  # called from a compiled forward's losses
         @functools.wraps(real)
         def guarded(*args, **kwargs):
             if not guard.active or guard._exempt(sys._getframe(1)):
@@ -485,10 +486,12 @@ class ForwardGuard(object):
             self.ranks.before_backward()
 
     def _exempt(self, frame):
-        # The first caller outside torch's and mmengine's wrappers decides.
+        # The first caller outside torch's and mmengine's wrappers decides
+        # (and outside the not_traced wrapper of guarded itself).
         while frame is not None:
             name = frame.f_globals.get('__name__', '')
-            if not name.startswith(('torch.distributed', 'mmengine.dist')):
+            if not name.startswith(('torch.distributed', 'mmengine.dist',
+                                    'torch._dynamo')):
                 return name.startswith(self.exempt)
             frame = frame.f_back
         return False

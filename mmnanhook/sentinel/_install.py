@@ -21,6 +21,7 @@ import types
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import OPTIM_WRAPPERS
 
+from .. import compat
 from ..options import CheckOptions
 from ._sentinel import WrapperSentinel
 from ._supported import check_supported
@@ -56,7 +57,8 @@ def _binding(name, delegate, prev):
     source = getattr(prev, '__func__', prev)
     method.__dict__.update((k, v) for k, v in vars(source).items()
                            if not k.startswith('__'))
-    return method
+    # A compiled train_step reaches the checks through these bindings.
+    return compat.not_traced(method)
 
 
 def bind(wrapper):

@@ -1,0 +1,101 @@
+"""MMEngine's ``compile`` under NanDetectHook, on the tiny RetinaNet.
+
+``compile`` in a config makes ``Runner._maybe_compile`` compile the model's
+bound ``train_step`` (``update_params`` and so every binding of ours
+included) before the hook's ``before_train``. The zoo R50 under every
+policy, inductor, FlexibleRunner and the recompilations of a clean run are
+in ``tests/zoo/test_zoo_compile.py`` (full tier).
+"""
+import glob
+import os.path as osp
+
+import pytest
+from mmengine.runner import Runner
+
+from mmnanhook import compat
+from mmnanhook.quarantine import read_quarantine
+from mmnan_testing import compiled, testbed, zoo
+
+IMAGES = 8
+# Image 3 holds a box of zero width: with batches of 2 (no shuffling), the
+# batch of iteration 1.
+BAD = 3
+
+
+def _config(tmp_path, compile_cfg, hook=True):
+    data = testbed.make_dataset('retinanet_voc', str(tmp_path / 'data'),
+                                num_images=IMAGES, defects={BAD: 'zero_size'})
+    cfg = testbed.tiny_config('retinanet_voc', data, str(tmp_path / 'work'),
+                              max_iters=2, log_level='WARNING')
+    cfg.compile = compile_cfg
+    if hook:
+        cfg.default_hooks.nan_detect = dict(
+            type='mmnanhook.NanDetectHook', policy='drop')
+    return cfg, osp.join(data['img_dir'], data['defect_images'][0])
+
+
+@pytest.mark.mmdet
+@pytest.mark.everyday_leg('modern')
+@pytest.mark.skipif(not compat.HAS_DYNAMO,
+                    reason='torch.compile needs torch >= 2.0 (the DOTA leg '
+                    'refuses `compile`: the test below)')
+def test_compiled_train_step_keeps_the_diagnosis_drop_and_quarantine(
+        tmp_path):
+    """The one compiled test of make test (about 20 s: the compile)."""
+    cfg, bad = _config(tmp_path, dict(backend='aot_eager'))
+    runner = Runner.from_cfg(cfg)
+    files = zoo.BatchFiles()
+    runner.register_hook(files)
+    with compiled.dynamo_record() as record:
+        runner.train()
+    # The compiled step ran (and is back on the instance, the hook gone).
+    assert compat.compiled_original(
+        vars(runner.model)['train_step']) is not None
+    assert runner.iter == 2 and [bad in f for f in files.files] == [False,
+                                                                    True]
+    # The listener ran, replayed eagerly, named the sample: dropped and
+    # quarantined, one bundle.
+    hub = runner.message_hub
+    assert hub.get_scalar('train/samples_dropped').current() == 1
+    assert hub.get_scalar('train/nan_skipped').current() == 0
+    (sample, ) = read_quarantine(
+        osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
+    assert sample.file == bad and sample.source == 'drop'
+    assert 'zero width' in sample.reason
+    log = zoo_log(runner)
+    assert 'the NaN listener failed' not in log
+    # Dynamo traced none of mmnanhook: no recompilation names it, and the
+    # one graph break it adds is a call to a not_traced function.
+    assert not [m for m in record['recompiles'] if 'mmnanhook' in m]
+    assert [n for r, n in record['graph_breaks'].items()
+            if compiled.DISABLED_BREAK in r] == [1]
+
+
+def zoo_log(runner):
+    (path, ) = glob.glob(osp.join(runner.log_dir, '*.log'))
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.mmdet
+@pytest.mark.skipif(compat.HAS_DYNAMO,
+                    reason='torch >= 2.0 compiles: the test above')
+def test_compile_is_refused_alike_with_the_hook_on_torch_1_7(tmp_path):
+    """The DOTA leg's torch 1.7.1: mmengine refuses ``compile`` before the
+    first iteration; with the hook, the same error and nothing else."""
+    errors = {}
+    for hook in (False, True):
+        cfg, _ = _config(tmp_path / str(hook), True, hook=hook)
+        runner = Runner.from_cfg(cfg)
+        files = zoo.BatchFiles()
+        runner.register_hook(files)
+        with pytest.raises(AssertionError) as info:
+            runner.train()
+        errors[hook] = str(info.value)
+        assert files.files == [] and runner.iter == 0
+        assert not osp.exists(osp.join(runner.work_dir, 'nan_dumps'))
+        # Nothing of the hook is left on the model or the optim wrapper.
+        assert 'train_step' not in vars(runner.model)
+        assert 'update_params' not in vars(runner.optim_wrapper)
+    assert errors[True] == errors[False]
+    assert 'PyTorch >= 2.0.0 is required' in errors[True]
