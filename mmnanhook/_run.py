@@ -24,7 +24,7 @@ from ._mmengine import is_ddp, unwrap_model
 from .bundle import StateLedger
 from .diagnosis import (communicating_modules, evidence_before,
                         handle_incident, largest_param, local_replays,
-                        locate_micro_step)
+                        locate_micro_step, preserved_run)
 from .errors import (CheckBypassedError, NonFiniteError, PeerForwardFailed,
                      RankTimeoutError)
 from .options import anomaly_wanted
@@ -32,8 +32,8 @@ from .quarantine import call_with, prepare_index, start_quarantine
 from .records import Culprit, Trigger
 from .recovery import (Action, Answer, Policy, data_culprits, rank_finding)
 from .report import forget_nonfinite, to_visualizer
-from .sentinel import (BufferSnapshot, BypassGuard, Dropper, Exchange,
-                       Rewinder, StepMemory, StepState,
+from .sentinel import (Attributes, BufferSnapshot, BypassGuard, Dropper,
+                       Exchange, ForwardStart, Rewinder, StepMemory, StepState,
                        forward_event, install_nan_detect, is_out_of_memory,
                        param_norms, plan_drop, start_distributed, step_record)
 
@@ -71,6 +71,9 @@ class HookRun(object):
         # forward.
         self.ranks, self.forward_guard, self.communicating = \
             start_distributed(module, communicating_modules, runner.cfg)
+        if self.forward_guard is not None and is_ddp(runner.model):
+            # DDP's broadcasts from C++ at the start of its forward.
+            self.forward_guard.watch(runner.model)
         for sentinel in self.handle.sentinels:
             sentinel.ranks = self.ranks
         self.verified = False
@@ -188,18 +191,29 @@ class HookRun(object):
         """Keep what a trigger in this train iteration needs to replay it:
         the batch (by reference: ``train_step`` does not mutate it), its
         RNG states and, when a step may be left out, the buffers."""
+        model = unwrap_model(self.runner.model)
+        attributes = self._preprocessor_attributes(model)
         if self.policy.leaves_steps_out:
             # Before the first micro-step since the last update step (a
             # resumed one's too), and before this one (a forward taken again
             # under accumulation).
-            model = unwrap_model(self.runner.model)
-            self.micro_buffers = BufferSnapshot(model) if self.memory \
-                else None
+            self.micro_buffers = ForwardStart(
+                BufferSnapshot(model), attributes) if self.memory else None
             if not self.memory:
-                self.buffers = BufferSnapshot(model)
-        self.memory.keep(self.runner.iter, data_batch)
+                self.buffers = ForwardStart(BufferSnapshot(model), attributes)
+        self.memory.keep(self.runner.iter, data_batch, attributes)
         self.step = StepState()
         self.rewound_at = None
+
+    @staticmethod
+    def _preprocessor_attributes(model):
+        """The data preprocessor's attributes (its batch augments' too)
+        before a forward: what a step skipped or taken again, and every
+        replay, start from."""
+        preprocessor = getattr(model, 'data_preprocessor', None)
+        if not isinstance(preprocessor, torch.nn.Module):
+            return None
+        return Attributes(preprocessor.modules(), torch_own=False)
 
     def _after_step(self):
         runner = self.runner
@@ -434,23 +448,32 @@ class HookRun(object):
             return event, None
         runner = self.runner
         model = unwrap_model(runner.model)
-        replays = functools.partial(local_replays, self.communicating) \
+        replays = functools.partial(
+            local_replays, self.communicating,
+            self.forward_guard.step_collectives()) \
             if self.ranks is not None else contextlib.nullcontext
-        with replays():
-            event = locate_micro_step(
-                event, model, self.memory.steps() if options.replay else [])
-        data_batch, rng_state = self.memory.get(event.fail_iter)
-        if data_batch is None:
-            self.logger.error('mmnanhook: no batch kept for iteration %s: '
-                              'no replay and no bundle' % (event.fail_iter, ))
-            return event, None
-        history = self.history.records() + [self._event_record(event)]
-        incident = handle_incident(
-            runner, event, data_batch, rng_state, history, options,
-            divergence=evidence, start_weight=self.start_weight, level=level,
-            rewind=rewind, replays=replays, exchange=exchange,
-            config_findings=self.config_findings, states=self.states,
-            diagnosers=diagnosers)
+        # A replay leaves no trace: what it sets outside tensors (the
+        # preprocessor's next input size, a head's last assignment, the
+        # MessageHub's runtime info) is put back as the run had it.
+        with preserved_run(runner, model):
+            with replays():
+                event = locate_micro_step(
+                    event, model,
+                    self.memory.steps() if options.replay else [])
+            data_batch, rng_state = self.memory.get(event.fail_iter)
+            if data_batch is None:
+                self.logger.error(
+                    'mmnanhook: no batch kept for iteration %s: no replay '
+                    'and no bundle' % (event.fail_iter, ))
+                return event, None
+            history = self.history.records() + [self._event_record(event)]
+            incident = handle_incident(
+                runner, event, data_batch, rng_state, history, options,
+                divergence=evidence, start_weight=self.start_weight,
+                level=level, rewind=rewind, replays=replays,
+                exchange=exchange, config_findings=self.config_findings,
+                states=self.states, diagnosers=diagnosers,
+                start_attributes=self.memory.attributes(event.fail_iter))
         to_visualizer(getattr(runner, 'visualizer', None), incident.report,
                       incident.pictures, event.iter, self.logger)
         # What the diagnosis allocated is free now: give it back.

@@ -408,3 +408,33 @@ def fsdp_sharded_params(model):
             if getattr(handle, '_use_orig_params', False):
                 ids.update(id(p) for p in getattr(flat, '_params', None) or [])
     return ids if found else None
+
+
+def ddp_syncs_buffers(ddp):
+    """Whether the next forward of ``ddp`` (a ``DistributedDataParallel``)
+    broadcasts the module's buffers from rank 0 first: a collective called
+    from C++, which no Python call of ``torch.distributed`` shows.
+    ``_check_sync_bufs_pre_fwd`` is torch's own test (torch >= 1.11); before,
+    the forward broadcast them when ``broadcast_buffers`` and it syncs."""
+    check = getattr(ddp, '_check_sync_bufs_pre_fwd', None)
+    if check is not None:
+        return bool(check())
+    buffers = getattr(ddp, 'modules_buffers', None) or []
+    if buffers and isinstance(buffers[0], list):
+        # torch < 1.9: one list per module replica.
+        buffers = buffers[0]
+    return bool(getattr(ddp, 'require_forward_param_sync', True)
+                and getattr(ddp, 'broadcast_buffers', False) and buffers)
+
+
+def ddp_forward_collectives(ddp, buffers):
+    """The collectives the forward of ``ddp`` makes from C++ before the
+    module's: the one-time broadcast of its rebuilt gradient buckets (the
+    reducer does nothing where none is pending, alike on every rank) and,
+    with ``buffers``, the module's buffers broadcast from rank 0
+    (``_sync_buffers``, torch >= 1.11; ``_sync_params`` before)."""
+    if torch.is_grad_enabled():
+        ddp.reducer._rebuild_buckets()
+    if buffers:
+        sync = getattr(ddp, '_sync_buffers', None) or ddp._sync_params
+        sync()

@@ -28,6 +28,7 @@ from ._incident import Incident, default_dump_dir, handle_incident
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
 from ._pipeline import TrainPipeline, filter_advice, train_pipeline
+from ._state import preserved_run
 from ._state_scan import largest_param
 from ._tensors import iter_tensors
 
@@ -38,6 +39,7 @@ __all__ = [
     'evidence_before', 'filter_advice',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'handle_incident',
     'Incident', 'iter_tensors',
-    'largest_param', 'local_replays', 'locate_micro_step', 'split_batch',
+    'largest_param', 'local_replays', 'locate_micro_step', 'preserved_run',
+    'split_batch',
     'TrainPipeline', 'train_pipeline'
 ]

@@ -138,7 +138,8 @@ def _implicated_samples(session, report, main, check_samples, log):
 def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
              logger=None, anomaly=True, declared=None, pipeline=None,
-             sources=None, retry=True, drop_refused=None, composed=None):
+             sources=None, retry=True, drop_refused=None, composed=None,
+             start_attributes=None):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -178,6 +179,10 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
         composed (callable, optional): ``(findings, data_batch)``: traces
             composed samples' findings to their parts
             (:func:`._composed.trace_parts`).
+        start_attributes (Attributes, optional): Python attributes of the
+            model's modules as they were before the failing forward (the
+            data preprocessor's: ``BatchSyncRandomResize`` resizes by the
+            size it kept): put back before every replay, as the RNG states.
 
     Returns:
         Report: The diagnosis, its ``kind`` a
@@ -207,7 +212,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
     report.batch_problems = [s for s in samples if s.problems]
     scan_state(report, model, optimizer_state)
     with preserved_rng(), torch.enable_grad(), \
-            PreservedModelState(model) as state:
+            PreservedModelState(model, start_attributes) as state:
         session = ReplaySession(model, data_batch, restore_rng, state,
                            replay_dtype)
         log('mmnanhook: replaying the failing iteration with {}module and '

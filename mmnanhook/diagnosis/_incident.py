@@ -30,7 +30,7 @@ from ._composed import trace_parts
 from ._diagnose import diagnose
 from ._pipeline import image_too_large, train_pipeline
 from ._divergence import apply_divergence, weight_evidence
-
+from ._state import preserved_rng
 
 
 # The replays run the model eagerly, whatever the run compiled: forward
@@ -114,7 +114,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     options, divergence=None, start_weight=None,
                     level=logging.ERROR, rewind=False, replays=None,
                     exchange=None, config_findings=(), states=None,
-                    diagnosers=()):
+                    diagnosers=(), start_attributes=None):
     """Diagnose a trigger and write its bundle.
 
     Args:
@@ -150,6 +150,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             state; ``None``: this one does.
         diagnosers (list[int]): The ranks that diagnose this trigger (for
             ``states``).
+        start_attributes (Attributes, optional): The data preprocessor's
+            attributes before the failing forward: every replay starts from
+            them.
 
     Returns:
         Incident: The bundle, the report, the pictures, the time.
@@ -172,7 +175,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                 report = diagnose(
                     model, data_batch,
                     restore_rng=functools.partial(restore_rng, rng_state),
-                    amp_dtype=amp_dtype,
+                    start_attributes=start_attributes, amp_dtype=amp_dtype,
                     angle_range=angle_range_from_config(runner.cfg),
                     optimizer_state=optim_state,
                     anomaly=options.anomaly != 'never',
@@ -215,7 +218,13 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     text = format_report(report)
     log(text, level)
     path = None
-    pictures = _pictures(model, data_batch, report, found)
+    # The pictures run the data preprocessor in training mode: as a replay
+    # (on this rank alone, from the failing iteration's RNG and attributes).
+    with (replays or contextlib.nullcontext)(), preserved_rng():
+        restore_rng(rng_state)
+        if start_attributes is not None:
+            start_attributes.restore()
+        pictures = _pictures(model, data_batch, report, found)
     if max_dumps:
         manifest = render_manifest(event, runner.epoch, amp_dtype, found,
                                    divergence)

@@ -17,10 +17,19 @@ keeps every replay on this rank:
   statistics: its training forward on a small input with every collective
   of ``torch.distributed`` made to raise instead of waiting;
 * every other collective of ``torch.distributed`` called while the replays
-  run is answered on this rank as if every rank held this rank's values (a
-  sum is this value times the world size, a gather this value on every
-  rank, a broadcast changes nothing): a mean over the ranks is this rank's
-  own value. The report counts them.
+  run is answered on this rank, never waiting for another: with what the
+  failing iteration's own call got, where the replay's call is the one the
+  train step made at the same position (same collective, same shapes and
+  arguments; :meth:`~mmnanhook.sentinel.ForwardGuard.step_collectives`): a
+  preprocessor's ``broadcast`` of the next input size, a loss's
+  ``reduce_mean`` of its normalizer over the ranks' real values. Any other
+  (a sub-batch's normalizer, a call the failing forward never reached) as
+  if every rank held this rank's values (a sum is this value times the
+  world size, a gather this value on every rank): a mean over the ranks is
+  this rank's own value. A ``broadcast`` to this rank without a recorded
+  answer is refused (the replay raises): its value exists on another rank
+  only, and an uninitialised tensor would be taken for it. The report
+  counts each kind.
 """
 import contextlib
 import functools
@@ -31,7 +40,8 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._patch import set_attribute
-from ..sentinel import COLLECTIVES, BufferSnapshot
+from ..sentinel import (COLLECTIVES, BufferSnapshot, collective_outputs,
+                        collective_signature)
 
 # Norm layers that never communicate (no dry check needed).
 _LOCAL = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
@@ -172,18 +182,33 @@ def _times(tensor, op, n):
     # AVG, MIN, MAX and the bitwise ones: the value itself.
 
 
-def _local_collectives(calls):
+class _Unanswerable(RuntimeError):
+    """A collective whose answer exists on another rank only."""
+
+
+def _local_collectives(scope):
     """Collective name -> its local answer; each call counted in
-    ``calls``."""
+    ``scope``."""
+    calls = scope.calls
 
     def counted(name, answer):
         def local(*args, **kwargs):
-            calls[name] = calls.get(name, 0) + 1
             with torch.no_grad():
+                if scope.answer_recorded(name, args, kwargs):
+                    return _Done()
+                calls[name] = calls.get(name, 0) + 1
                 answer(*args, **kwargs)
             # A work handle whether async_op was given or not.
             return _Done()
         return local
+
+    def broadcast(tensor, src=0, group=None, async_op=False):
+        if src != _rank(group):
+            raise _Unanswerable(
+                'mmnanhook: a broadcast from rank %s in a replay on rank %s '
+                'that the failing iteration did not make at this point: '
+                'its value exists on rank %s only' % (src, _rank(group),
+                                                       src))
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         _times(tensor, op, _size(group))
@@ -247,7 +272,7 @@ def _local_collectives(calls):
                    scatter=scatter, all_to_all=all_to_all,
                    all_to_all_single=all_to_all_single,
                    all_reduce_coalesced=all_reduce_coalesced,
-                   broadcast=unchanged, broadcast_object_list=unchanged,
+                   broadcast=broadcast, broadcast_object_list=unchanged,
                    barrier=unchanged, monitored_barrier=unchanged)
     return dict((name, counted(name, answer))
                 for name, answer in answers.items() if hasattr(dist, name))
@@ -262,9 +287,40 @@ class LocalReplays(object):
             answered on this rank.
     """
 
-    def __init__(self, modules):
+    def __init__(self, modules, recorded=()):
         self.modules = modules
         self.calls = {}
+        self.recorded = list(recorded)
+        self.replayed = 0
+        self._position = 0
+
+    def begin(self):
+        """A replay of the iteration starts: its collectives are matched
+        with the train step's from the first on."""
+        self._position = 0
+
+    def answer_recorded(self, name, args, kwargs):
+        """Answer the collective ``name`` with what the failing train step's
+        call at this position got, if it is that call and its result is
+        still as the collective left it.
+
+        Returns:
+            bool: Whether it was answered.
+        """
+        position, self._position = self._position, self._position + 1
+        if position >= len(self.recorded):
+            return False
+        signature, outputs = self.recorded[position]
+        if (signature is None or signature != collective_signature(
+                name, args, kwargs) or any(
+                    version is not None and t._version != version
+                    for t, version in outputs)):
+            return False
+        for (out, _), (got, _) in zip(
+                collective_outputs(name, args, kwargs), outputs):
+            out.copy_(got)
+        self.replayed += 1
+        return True
 
     def describe(self):
         """One sentence for the report, or ``None`` when nothing was made
@@ -278,6 +334,10 @@ class LocalReplays(object):
                 "normalized with this rank's batch statistics, their forward "
                 'and running statistics put back afterwards'.format(
                     len(self.modules), ', '.join(types)))
+        if self.replayed:
+            parts.append(
+                '{} collective(s) answered with what the failing iteration '
+                'got'.format(self.replayed))
         if self.calls:
             parts.append(
                 '{} answered on this rank as if every rank held its values'
@@ -288,13 +348,29 @@ class LocalReplays(object):
         return 'replayed on this rank alone: ' + '; '.join(parts)
 
 
+# The scope of the replays running now (one at a time: on the training
+# thread, inside a trigger), for :func:`replay_begins`.
+_active = []
+
+
+def replay_begins():
+    """A replay of the failing iteration starts (its collectives are
+    matched with the step's from the first on); nothing outside
+    :func:`local_replays`."""
+    for scope in _active:
+        scope.begin()
+
+
 @contextlib.contextmanager
-def local_replays(modules):
+def local_replays(modules, recorded=()):
     """Replays on this rank alone while the block runs (under DDP).
 
     Args:
         modules (list[tuple]): ``(name, module)`` of the modules that
             communicate in their forward (:func:`communicating_modules`).
+        recorded (list[tuple]): ``(signature, outputs)`` of the collectives
+            the failing train step called, in order
+            (:meth:`~mmnanhook.sentinel.ForwardGuard.step_collectives`).
 
     Yields:
         LocalReplays: What was made local; its ``calls`` fill while the
@@ -302,18 +378,21 @@ def local_replays(modules):
     """
     scope = LocalReplays(['%s (%s)' % (name or '<model>',
                                        type(module).__name__)
-                          for name, module in modules])
+                          for name, module in modules], recorded)
     saved, real = [], {}
     try:
         for name, module in modules:
             buffers = BufferSnapshot(module)
             saved.append((set_attribute(module, 'forward',
                                         _local_forward(module)), buffers))
-        for name, answer in _local_collectives(scope.calls).items():
+        for name, answer in _local_collectives(scope).items():
             real[name] = getattr(dist, name)
             setattr(dist, name, answer)
+        _active.append(scope)
         yield scope
     finally:
+        if scope in _active:
+            _active.remove(scope)
         for name, func in real.items():
             setattr(dist, name, func)
         for undo, buffers in saved:

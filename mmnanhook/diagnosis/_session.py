@@ -14,6 +14,7 @@ from ..sentinel import GradNorms, describe_losses, loss_terms
 from ._backward import BackwardWatch, anomaly_mode
 from ._frames import (format_user_frames, node_traceback, parse_frames,
                       user_location)
+from ._local import replay_begins
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
@@ -73,6 +74,7 @@ class ReplaySession(object):
         self.state.reset()
         if self.restore_rng is not None:
             self.restore_rng()
+        replay_begins()
         # The model may change its inputs in place; every replay needs the
         # batch as the dataloader produced it.
         batch = copy.deepcopy(self.data_batch if batch is None else batch)

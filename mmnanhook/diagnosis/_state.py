@@ -1,7 +1,11 @@
-"""What a replay changes and must give back: RNG states, model state."""
+"""What a replay changes and must give back: RNG states, model state, and
+the Python state of the run (attributes of every module, the MessageHub's
+runtime info, the sampler and the dataset's transforms)."""
 import contextlib
 
-from ..sentinel import BufferSnapshot, capture_rng, restore_rng
+from .._mmengine import wrapped_datasets
+from ..sentinel import (Attributes, BufferSnapshot, capture_rng,
+                        module_attributes, restore_rng)
 
 @contextlib.contextmanager
 def preserved_rng():
@@ -11,6 +15,44 @@ def preserved_rng():
         yield
     finally:
         restore_rng(state)
+
+
+def _run_objects(runner):
+    """What a replay may change of a run besides its model: the
+    MessageHub's runtime info, the train loop's sampler, and the transforms
+    of the train dataset (and of every dataset it wraps)."""
+    objects = [runner.message_hub.runtime_info]
+    loader = getattr(runner, '_train_dataloader', None)
+    if loader is not None and not isinstance(loader, dict):
+        objects.append(loader.sampler)
+        batch_sampler = getattr(loader, 'batch_sampler', None)
+        if batch_sampler is not None:
+            objects.append(batch_sampler)
+        for dataset in wrapped_datasets(loader.dataset):
+            objects.append(dataset)
+            pipeline = getattr(dataset, 'pipeline', None)
+            objects.extend(getattr(pipeline, 'transforms', None) or [])
+    return [o for o in objects if o is not None]
+
+
+@contextlib.contextmanager
+def preserved_run(runner, model):
+    """Put the run back as it was on exit: the Python attributes of every
+    module of ``model`` (its data preprocessor and batch augments
+    included), and those of :func:`_run_objects`. The replays inside run
+    on the weights, buffers and RNG states their own contexts keep.
+
+    Args:
+        runner (Runner): The run.
+        model (nn.Module): Its unwrapped model.
+    """
+    modules = module_attributes(model)
+    others = Attributes(_run_objects(runner))
+    try:
+        yield
+    finally:
+        others.restore()
+        modules.restore()
 
 
 class PreservedModelState(object):
@@ -23,10 +65,15 @@ class PreservedModelState(object):
 
     Args:
         model (nn.Module): The model to protect.
+        start (Attributes, optional): What each replay starts from besides:
+            the data preprocessor's attributes before the failing forward
+            (put back before every replay; :func:`preserved_run` puts the
+            run's back afterwards).
     """
 
-    def __init__(self, model):
+    def __init__(self, model, start=None):
         self.model = model
+        self.start = start
         self._grads = None
         self._buffers = None
 
@@ -40,6 +87,8 @@ class PreservedModelState(object):
         for param, _ in self._grads:
             param.grad = None
         self._buffers.restore()
+        if self.start is not None:
+            self.start.restore()
 
     def __exit__(self, *exc_info):
         self.reset()

@@ -19,13 +19,15 @@
 * :mod:`._distributed`: under DDP, the vote after every forward and the
   exchange of findings after a trigger: every rank takes the same path.
 * :mod:`._forward`: the event of a train step whose forward raised.
-* :mod:`._steps`, :mod:`._rng`: the batch, RNG states and buffers kept per
-  step for a replay.
+* :mod:`._steps`, :mod:`._rng`, :mod:`._attributes`: the batch, RNG states,
+  buffers and the preprocessor's attributes kept per step for a replay.
 * :mod:`._history`: the per-iteration scalars kept for a bundle.
 """
+from ._attributes import Attributes, module_attributes
 from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      describe_losses, loss_terms)
 from ._distributed import (COLLECTIVES, Exchange, ForwardGuard, Ranks,
+                           collective_outputs, collective_signature,
                            plan_drop, start_distributed)
 from ._drop import DropPlan, Dropper, recompute
 from ._forward import forward_event, is_out_of_memory
@@ -40,14 +42,15 @@ from ._rewind import Rewinder, Snapshot, SnapshotStore, param_norms
 from ._rng import capture_rng, restore_rng
 from ._sentinel import WrapperSentinel
 from ._spikes import SeriesBand, Spike, SpikeDetector
-from ._steps import BufferSnapshot, StepMemory
+from ._steps import BufferSnapshot, ForwardStart, StepMemory
 
 __all__ = [
-    'ATTRIBUTE', 'BufferSnapshot', 'BypassGuard', 'capture_rng',
-    'clip_grads_with_norm_', 'COLLECTIVES', 'describe_losses', 'Dropper',
-    'DropPlan', 'Exchange', 'forward_event', 'ForwardGuard',
+    'ATTRIBUTE', 'Attributes', 'BufferSnapshot', 'BypassGuard', 'capture_rng',
+    'clip_grads_with_norm_', 'collective_outputs', 'collective_signature',
+    'COLLECTIVES', 'describe_losses', 'Dropper',
+    'DropPlan', 'Exchange', 'forward_event', 'ForwardGuard', 'ForwardStart',
     'GradNorms', 'History', 'install_nan_detect', 'is_out_of_memory',
-    'Listener', 'loss_terms', 'members', 'MicroStep',
+    'Listener', 'loss_terms', 'members', 'MicroStep', 'module_attributes',
     'NanDetectAmpOptimWrapper', 'NanDetectHandle', 'NanDetectOptimWrapper',
     'param_norms', 'plan_drop', 'Ranks', 'recompute', 'restore_rng',
     'Rewinder', 'sentinel_of', 'SeriesBand', 'Snapshot', 'SnapshotStore',

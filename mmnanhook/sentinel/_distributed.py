@@ -306,7 +306,7 @@ REPLAYABLE = frozenset(('all_reduce', 'all_gather', 'all_gather_into_tensor',
 _Zeros = collections.namedtuple('_Zeros', 'shape dtype device')
 
 
-def _signature(name, args, kwargs):
+def collective_signature(name, args, kwargs):
     """What calls the collective ``name`` again with zeros for its tensors
     (no tensor kept); ``None`` for one not :data:`REPLAYABLE`."""
     if name not in REPLAYABLE:
@@ -322,6 +322,36 @@ def _spec(value):
         # all_gather's tensors.
         return [_spec(v) for v in value]
     return value
+
+
+# The argument a collective writes its result into: position, keyword.
+_OUTPUT = dict(all_reduce=(0, 'tensor'), broadcast=(0, 'tensor'),
+               all_gather=(0, 'tensor_list'),
+               all_gather_into_tensor=(0, 'output_tensor'),
+               _all_gather_base=(0, 'output_tensor'))
+
+
+def collective_outputs(name, args, kwargs):
+    """What a collective wrote: ``[(tensor, its version)]``, by reference (a
+    version that moved on means the caller wrote it since: no longer the
+    answer; no copy, no kernel), or ``[(copy, None)]`` for a broadcast.
+
+    A broadcast is kept as a copy: its value is rank ``src``'s alone (no
+    rank can make it up), it is rare (a preprocessor's every tenth
+    iteration), and its callers copy the result over itself (mmengine's
+    ``broadcast`` on the tensor's own device), which moves the version on.
+    """
+    where = _OUTPUT.get(name)
+    if where is None:
+        return []
+    position, keyword = where
+    value = args[position] if len(args) > position else kwargs.get(keyword)
+    tensors = value if isinstance(value, list) else [value]
+    if name == 'broadcast':
+        return [(t.detach().clone(), None) for t in tensors
+                if isinstance(t, torch.Tensor)]
+    return [(t, t._version) for t in tensors
+            if isinstance(t, torch.Tensor)]
 
 
 def _zeros(spec):
@@ -341,7 +371,7 @@ class ForwardGuard(object):
     A vote is a host round trip: one before every collective would cost
     mmdet's DINO 26 a step (a ``reduce_mean`` per loss term and decoder
     layer). The guard votes before the first collective of a step, and
-    records each collective the step calls (:func:`_signature`, a list
+    records each collective the step calls (:func:`collective_signature`, a list
     append): the same model in the same mode calls the same ones every
     step. A rank whose forward raises after that vote first calls the
     others' remaining collectives, up to their next vote, as the last step
@@ -353,6 +383,16 @@ class ForwardGuard(object):
     step's first backward (a second optimizer's forward, an update step
     recomputed: the record is of the first forward), and once a forward
     raised in the step.
+
+    Collectives that no Python call shows are counted alike: the start of
+    the DDP wrapper's forward is one entry of the record, every step
+    (:meth:`watch`, a forward pre-hook), which may broadcast the module's
+    buffers (``broadcast_buffers=True``) and, once, the rebuilt gradient
+    buckets (the first forward after the first backward). A rank that
+    abandons the step before it makes the same calls; the first entry of a
+    step that waits on the other ranks is voted before, whether a Python
+    collective or DDP's forward. A rank whose data preprocessor raised thus
+    never leaves its peers waiting in DDP's broadcasts.
 
     Args:
         ranks (Ranks): The run's ranks.
@@ -373,15 +413,25 @@ class ForwardGuard(object):
         # The signatures of the collectives of the last step whose forward
         # raised on no rank, before its first backward.
         self._record = None
-        # This step's so far, and how many of them returned.
+        # This step's so far, how many of them returned, and what each
+        # returned (:func:`collective_outputs`): a replay of the step is answered
+        # with it.
         self._calls = []
         self._done = 0
+        self._results = []
+        # Whether one of them waited on the other ranks (voted before).
+        self._waited = False
         # This step's collectives from this position on are voted before.
         self._voted_from = 0
         # () -> the backwards so far; their count when the step began.
         self._backwards = None
         self._first = 0
         self._raised = False
+        # DDP's collectives from C++ (:meth:`watch`): the forward hooks, and
+        # how to call the buffers' broadcast again.
+        self._hooks = []
+        self._hidden = {}
+        self._rebuilt = False
 
     def install(self):
         """Put the guarded collectives in ``torch.distributed``."""
@@ -391,11 +441,26 @@ class ForwardGuard(object):
                 self._real[name] = real
                 setattr(dist, name, self._guarded(name, real))
 
+    def watch(self, ddp):
+        """Count the collectives ``ddp`` (a ``DistributedDataParallel``)
+        makes from C++ at the start of its forward.
+
+        Args:
+            ddp (DistributedDataParallel): The run's model wrapper.
+        """
+        self._hidden['ddp_forward'] = functools.partial(
+            compat.ddp_forward_collectives, ddp)
+        self._hooks.append(ddp.register_forward_pre_hook(
+            functools.partial(self._ddp_forward, ddp)))
+
     def remove(self):
         """Put the real ones back."""
         for name, real in self._real.items():
             setattr(dist, name, real)
         self._real = {}
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._hidden = [], {}
 
     def begin(self, backwards):
         """A train step starts.
@@ -407,6 +472,7 @@ class ForwardGuard(object):
         self.active = True
         self._backwards, self._first = backwards, backwards()
         self._calls, self._done, self._raised = [], 0, False
+        self._results, self._waited = [], False
         record = self._record or []
         self._voted_from = record.index(None) if None in record \
             else len(record)
@@ -435,11 +501,19 @@ class ForwardGuard(object):
             remaining = self._record[self._done:self._voted_from]
         self._raised, self._voted_from = True, 0
         for name, args, kwargs in remaining:
-            work = self._real[name](*[_zeros(a) for a in args], **dict(
+            call = self._real.get(name) or self._hidden[name]
+            work = call(*[_zeros(a) for a in args], **dict(
                 (k, _zeros(v)) for k, v in kwargs.items()))
             if work is not None:
                 # Recorded with async_op=True.
                 work.wait()
+
+    def step_collectives(self):
+        """The collectives this train step's first forward called so far,
+        each with what it returned: ``[(signature, outputs)]``
+        (:func:`collective_signature`; :func:`collective_outputs`), for replays of the step
+        (:func:`~mmnanhook.diagnosis.local_replays`)."""
+        return list(zip(self._calls, self._results))
 
     def communicates(self, modules):
         """What communicates in the model's train step, for
@@ -464,26 +538,53 @@ class ForwardGuard(object):
             if guard._backwards() != guard._first:
                 guard.ranks.before_backward()
                 return real(*args, **kwargs)
-            guard._before(name, args, kwargs)
+            guard._before(collective_signature(name, args, kwargs))
             result = real(*args, **kwargs)
             guard._done += 1
+            guard._results.append(collective_outputs(name, args, kwargs))
             return result
 
         return guarded
 
-    def _before(self, name, args, kwargs):
+    def _ddp_forward(self, ddp, module, inputs):
+        """DDP's forward starts: recorded as one collective, every step, so
+        that a rank that abandons the step before it makes the same calls
+        (:func:`~mmnanhook.compat.ddp_forward_collectives`); voted before
+        where one of them waits on the other ranks. Not counted in
+        :attr:`seen`: a rank without samples takes part in DDP's forward
+        too."""
+        if not self.active:
+            return
+        # The buckets are rebuilt once, by the first forward after a
+        # backward (not at all with find_unused_parameters: one vote too
+        # many then, once in a run).
+        rebuild = not self._rebuilt and self._backwards() > 0
+        self._rebuilt = self._rebuilt or rebuild
+        buffers = compat.ddp_syncs_buffers(ddp)
+        waits = rebuild or buffers
+        if self._backwards() != self._first:
+            if waits:
+                self.ranks.before_backward()
+            return
+        self._before(('ddp_forward', (buffers, ), {}), waits)
+        # Nothing of Python runs between this hook and DDP's broadcasts.
+        self._done += 1
+        self._results.append([])
+
+    def _before(self, signature, waits=True):
         """Record a collective of the step's first forward; vote before it
-        where the ranks must (see the class)."""
+        where the ranks must (see the class): ``waits``, whether it waits
+        for the other ranks at all (DDP's forward may make none)."""
         position = len(self._calls)
-        signature = _signature(name, args, kwargs)
         self._calls.append(signature)
         if (position < self._voted_from
                 and signature != self._record[position]):
             # Every rank leaves the record here: they called the collectives
             # before this one together, and recorded the same step.
             self._voted_from = position
-        if position == 0 or position >= self._voted_from:
+        if waits and (not self._waited or position >= self._voted_from):
             self.ranks.before_backward()
+        self._waited = self._waited or waits
 
     def _exempt(self, frame):
         # The first caller outside torch's and mmengine's wrappers decides

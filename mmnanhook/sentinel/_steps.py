@@ -3,6 +3,9 @@
 Kept by reference, never copied: the raw batch (``train_step`` does not
 mutate it) and the RNG states before its forward, for the micro-steps since
 the last update step only; the bad loss may be an earlier micro-step's.
+With them, the data preprocessor's attributes before the forward (a few
+entries: ``BatchSyncRandomResize`` resizes by the size it kept, and sets
+the next one in the same forward).
 """
 import collections
 
@@ -23,20 +26,32 @@ class StepMemory(object):
         self.window = max(1, int(window))
         self._steps = collections.OrderedDict()
 
-    def keep(self, iter, data_batch):
-        """Keep ``data_batch`` and the RNG states now, for iteration ``iter``."""
-        self._steps[iter] = (data_batch, capture_rng())
+    def keep(self, iter, data_batch, attributes=None):
+        """Keep ``data_batch`` and the RNG states now, for iteration ``iter``.
+
+        Args:
+            iter (int): The iteration.
+            data_batch: Its raw batch.
+            attributes (Attributes, optional): The data preprocessor's
+                attributes before its forward.
+        """
+        self._steps[iter] = (data_batch, capture_rng(), attributes)
         while len(self._steps) > self.window:
             self._steps.popitem(last=False)
 
     def get(self, iter):
         """``(data_batch, rng_state)`` of ``iter``, or ``(None, None)``."""
-        return self._steps.get(iter, (None, None))
+        return self._steps.get(iter, (None, None, None))[:2]
+
+    def attributes(self, iter):
+        """The preprocessor's :class:`Attributes` before ``iter``'s forward,
+        or ``None``."""
+        return self._steps.get(iter, (None, None, None))[2]
 
     def steps(self):
         """``(iter, data_batch, rng_state)`` of every step kept, oldest
         first: the micro-steps since the last update step."""
-        return [(i, batch, rng) for i, (batch, rng) in self._steps.items()]
+        return [(i, batch, rng) for i, (batch, rng, _) in self._steps.items()]
 
     def clear(self):
         """Release everything kept."""
@@ -44,6 +59,27 @@ class StepMemory(object):
 
     def __len__(self):
         return len(self._steps)
+
+
+class ForwardStart(object):
+    """What a forward writes, as it was before it: the model's buffers and
+    the data preprocessor's attributes; :meth:`restore` undoes the forward
+    (a step skipped or taken again).
+
+    Args:
+        buffers (BufferSnapshot): The model's buffers.
+        attributes (Attributes, optional): The preprocessor's.
+    """
+
+    def __init__(self, buffers, attributes=None):
+        self.buffers = buffers
+        self.attributes = attributes
+
+    def restore(self):
+        """Write both back."""
+        self.buffers.restore()
+        if self.attributes is not None:
+            self.attributes.restore()
 
 
 class BufferSnapshot(object):
