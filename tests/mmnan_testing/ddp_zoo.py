@@ -11,12 +11,28 @@ Scenarios:
 * ``rtmdet_skip`` (with ``quarantine_skips=True``) / ``rtmdet_drop``:
   mmdet's RTMDet-tiny with every norm layer a
   :class:`~mmnan_testing.syncbn.CpuSyncBatchNorm` (its shipped
-  ``SyncBN``, made to run on CPUs), 2 epochs; image :data:`NODATA` (rank 1,
-  iteration 1 of each epoch) is a nodata tile, all NaN. Its pipelines keep
+  ``SyncBN``, made to run on CPUs), 2 epochs; images :data:`NODATA` (rank 1,
+  iterations 0 and 1 of each epoch) are nodata tiles, all NaN. Its pipelines keep
   their steps but ``CachedMosaic``/``CachedMixUp`` (a cached tile would
   reach rank 0's batches as a partner: the composed case has tests of its
   own) and ``YOLOXHSVRandomAug`` (its cast to integers makes NaN pixels
   finite).
+
+* ``yolox_skip`` / ``yolox_drop`` (``broadcast_buffers=False``, as
+  mmengine wraps), ``yolox_broadcast_skip`` / ``yolox_broadcast_drop``
+  (DDP's default ``broadcast_buffers=True``: a collective DDP makes from
+  C++ at the start of each forward), ``yolox_unused_drop``
+  (``find_unused_parameters=True``): mmdet's YOLOX-tiny with its own hooks
+  (mode switch, ``SyncNormHook``, EMA) and its ``BatchSyncRandomResize``
+  (``barrier()`` + ``broadcast()`` when ``(iter + 1) % 10 == 0``, the size
+  kept in ``self._input_size``), one epoch of :data:`YOLOX_ITERS`
+  iterations; nodata tiles on rank 1 in iterations 0, 9 and 10
+  (:data:`YOLOX_TILES`): its forward raises (SimOTA's
+  ``binary_cross_entropy`` on NaN scores), rank 0's goes on.
+
+Every scenario but ``retinanet_drop`` takes the picture of
+:mod:`mmnan_testing.runstate` before and after each diagnosis
+(:func:`~mmnan_testing.ddp.capture_pictures`).
 
 Each rank writes its own copy of the data (same seed, same bytes) and child
 config; the work dir is shared.
@@ -28,13 +44,15 @@ import os.path as osp
 import torch
 
 from mmnanhook._batch import split_batch
-from .ddp import capture_replays, read_bundles
+from .ddp import capture_pictures, capture_replays, read_bundles
 from .zoo import BatchFiles, model_state, weights
 
 IMAGES, WORLD, BATCH = 8, 2, 2
 # RTMDet: DefaultSampler(shuffle=False): rank 1 holds images 1, 3, 5, 7;
-# image 5 is in its iteration 1 of each epoch.
-NODATA = 5
+# images 1 and 5 are in its iterations 0 and 1 of each epoch: the first
+# iteration (nothing recorded yet) and one after it (every iteration's
+# SyncBN synchronises).
+NODATA = (1, 5)
 
 
 def moving_index(seed=0):
@@ -65,19 +83,30 @@ def _finite(runner):
                for v in weights(runner).values())
 
 
-def _config(out_dir, name, defects, policy, rank, **options):
+def _config(out_dir, name, defects, policy, rank, images=IMAGES, length=2,
+            wrapper=None, timeout=None, **options):
+    """The child config of the shipped ``name`` for one rank, and its data.
+
+    Args:
+        images (int): Images of the synthetic dataset.
+        length (int): Epochs.
+        wrapper (dict, optional): More options of the DDP wrapper
+            (``broadcast_buffers``, ``find_unused_parameters``).
+        timeout (int, optional): ``env_cfg.dist_cfg.timeout`` (seconds).
+        **options: The hook's.
+    """
     from mmengine.dist import broadcast_object_list
 
     from mmnan_testing import zoo
     # One dataset for every rank, as a real run reads (the quarantine is
     # keyed by file): rank 0 writes it, the others wait for its paths.
     box = [zoo.make_zoo_dataset(name, osp.join(out_dir, 'data'),
-                                num_images=IMAGES, defects=defects)
+                                num_images=images, defects=defects)
            if rank == 0 else None]
     broadcast_object_list(box)
     data = box[0]
     cfg = zoo.child_config(name, data, osp.join(out_dir, 'cfg%d' % rank),
-                           hook='line', hook_options=dict(
+                           length=length, hook='line', hook_options=dict(
                                policy=policy,
                                dump_dir=osp.join(out_dir, 'dumps'),
                                **options))
@@ -85,8 +114,10 @@ def _config(out_dir, name, defects, policy, rank, **options):
     cfg.log_level = 'INFO'
     cfg.launcher = 'pytorch'
     cfg.env_cfg.dist_cfg = dict(backend='gloo')
-    cfg.model_wrapper_cfg = dict(type='MMDistributedDataParallel',
-                                 device_ids=None)
+    if timeout is not None:
+        cfg.env_cfg.dist_cfg['timeout'] = timeout
+    cfg.model_wrapper_cfg = dict(dict(type='MMDistributedDataParallel',
+                                      device_ids=None), **(wrapper or {}))
     return data, cfg
 
 
@@ -186,27 +217,27 @@ def _rtmdet(policy, **options):
         from mmengine.runner import Runner
 
         from mmnanhook.quarantine import read_quarantine
-        from .nodata import nodata_pipeline, register_nodata_transforms
+        from .nodata import register_nodata_transforms
         from .syncbn import use_cpu_syncbn
         torch.set_num_threads(1)
         register_nodata_transforms()
         rank = get_rank()
         data, cfg = _config(out_dir, 'rtmdet_tiny', None, policy, rank,
                             **options)
-        tile = data['images'][NODATA]
+        tiles = [data['images'][i] for i in NODATA]
         cfg.train_dataloader.sampler.shuffle = False
         assert use_cpu_syncbn(cfg) > 0
         dataset = cfg.train_dataloader.dataset
-        dataset.pipeline = nodata_pipeline(dataset.pipeline, tile,
-                                           mixing=False)
+        dataset.pipeline = _nodata_steps(dataset.pipeline, tiles)
         for hook in cfg.custom_hooks:
             if hook['type'] == 'PipelineSwitchHook':
-                hook['switch_pipeline'] = nodata_pipeline(
-                    hook['switch_pipeline'], tile, mixing=False)
+                hook['switch_pipeline'] = _nodata_steps(
+                    hook['switch_pipeline'], tiles)
         runner = Runner.from_cfg(cfg)
         probe = BatchFiles()
         runner.register_hook(probe)
         replays = capture_replays(runner)
+        pictures = capture_pictures(runner)
         runner.train()
         hub = runner.message_hub
         quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
@@ -214,7 +245,8 @@ def _rtmdet(policy, **options):
             if 'train/samples_dropped' in hub.log_scalars else None
         return dict(
             rank=rank, epoch=runner.epoch, iter=runner.iter,
-            files=probe.files, tile=osp.join(data['img_dir'], tile),
+            files=probe.files, hooks=probe.hooks,
+            tiles=[osp.join(data['img_dir'], t) for t in tiles],
             digest=_digest(runner), finite=_finite(runner),
             syncbn=sum(type(m).__name__ == 'CpuSyncBatchNorm'
                        for m in runner.model.modules()),
@@ -223,15 +255,168 @@ def _rtmdet(policy, **options):
             quarantine=[(s.file, s.indices)
                         for s in read_quarantine(quarantine)]
             if osp.exists(quarantine) else None,
-            replays=replays, bundles=read_bundles(out_dir))
+            replays=replays, pictures=pictures,
+            bundles=read_bundles(out_dir))
 
     return scenario
+
+
+def _nodata_steps(steps, tiles):
+    """``steps`` loading every one of ``tiles`` as nodata, without the
+    steps that mix samples (:func:`~mmnan_testing.nodata.nodata_pipeline`)."""
+    from .nodata import nodata_pipeline
+    edited = nodata_pipeline(steps, tiles[0], mixing=False)
+    for step in edited:
+        if step['type'] == 'LoadNodataImage':
+            step['nodata'] = list(tiles)
+    assert any(s['type'] == 'LoadNodataImage' for s in edited)
+    return edited
+
+
+# YOLOX-tiny: one epoch of 12 iterations over 48 images,
+# DefaultSampler(shuffle=False): rank 1's iteration k holds images 4k + 1
+# and 4k + 3. A nodata tile on rank 1 in iteration 0 (the first: nothing
+# recorded yet), 9 (BatchSyncRandomResize synchronises: (iter + 1) % 10 ==
+# 0) and 10 (the first with the size drawn at 9); 11 is clean.
+YOLOX_IMAGES, YOLOX_ITERS = 48, 12
+YOLOX_TILES = {0: 1, 9: 37, 10: 41}
+# env_cfg.dist_cfg.timeout (seconds): a rank left waiting in one of
+# mmnanhook's votes fails then, naming the rank, instead of at the test's
+# bound (the ranks that wait while another diagnoses do so in the
+# exchange, which waits at least 2 hours).
+YOLOX_TIMEOUT = 120
+
+
+def _yolox_config(out_dir, policy, rank, wrapper, timeout=None):
+    """YOLOX-tiny's child config, the hook in its one-line form (the
+    shipped custom hooks kept: mode switch, SyncNormHook, EMA), with the
+    nodata tiles of :data:`YOLOX_TILES`. The pipeline keeps its steps
+    but the sample-mixing ones (``Mosaic``, ``MixUp``: a tile would reach
+    rank 0's batches as a partner; the composed case has tests of its own)
+    and ``YOLOXHSVRandomAug`` (its cast to integers makes NaN pixels
+    finite); without Mosaic's canvas twice the image, ``RandomAffine``'s
+    border (half the canvas, negative) is 0. The sampler does not shuffle,
+    so that the tiles are where :data:`YOLOX_TILES` says."""
+    from .nodata import nodata_pipeline, register_nodata_transforms
+    register_nodata_transforms()
+    data, cfg = _config(out_dir, 'yolox_tiny', None, policy, rank,
+                        images=YOLOX_IMAGES, length=1, wrapper=wrapper,
+                        timeout=timeout)
+    tiles = [data['images'][i] for i in sorted(YOLOX_TILES.values())]
+    cfg.train_dataloader.sampler.shuffle = False
+    mixed = cfg.train_dataloader.dataset
+    assert mixed['type'] == 'MultiImageMixDataset'
+    mixed.dataset.pipeline = _nodata_steps(mixed.dataset.pipeline, tiles)
+    # The outer pipeline loads nothing: the same steps left out.
+    mixed.pipeline = nodata_pipeline(mixed.pipeline, tiles[0], mixing=False)
+    for step in mixed.pipeline:
+        if step['type'] == 'RandomAffine':
+            step['border'] = (0, 0)
+    augments = cfg.model.data_preprocessor.batch_augments
+    assert [a['type'] for a in augments] == ['BatchSyncRandomResize']
+    return data, cfg
+
+
+def _yolox(policy, **wrapper):
+
+    def scenario(out_dir):
+        from mmengine.dist import get_rank
+        from mmengine.runner import Runner
+
+        from mmnanhook.quarantine import read_quarantine
+        torch.set_num_threads(1)
+        _bound_memory()
+        rank = get_rank()
+        data, cfg = _yolox_config(out_dir, policy, rank, wrapper,
+                                  timeout=YOLOX_TIMEOUT)
+        runner = Runner.from_cfg(cfg)
+        probe = BatchFiles()
+        runner.register_hook(probe)
+        pictures = capture_pictures(runner)
+        sizes = _record_input_sizes(runner)
+        runner.train()
+        hub = runner.message_hub
+        quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
+        dropped = hub.get_scalar('train/samples_dropped') \
+            if 'train/samples_dropped' in hub.log_scalars else None
+        return dict(
+            rank=rank, epoch=runner.epoch, iter=runner.iter,
+            files=probe.files, hooks=probe.hooks,
+            tiles=dict((str(k), osp.join(data['img_dir'],
+                                         data['images'][i]))
+                       for k, i in YOLOX_TILES.items()),
+            digest=_digest(runner), finite=_finite(runner),
+            samples_dropped=int(dropped.current()) if dropped else 0,
+            skipped=int(hub.get_scalar('train/nan_skipped').current()),
+            quarantine=[(s.file, s.indices)
+                        for s in read_quarantine(quarantine)]
+            if osp.exists(quarantine) else None,
+            input_sizes=sizes, pictures=pictures, memory=_memory(),
+            bundles=read_bundles(out_dir))
+
+    return scenario
+
+
+# The address space of a YOLOX rank (bytes): a size made of uninitialised
+# memory (a broadcast answered locally) fails to allocate, instead of
+# taking the machine's memory (an upsampling to 10^13 pixels).
+YOLOX_ADDRESS_SPACE = 12 << 30
+
+
+def _bound_memory():
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft > YOLOX_ADDRESS_SPACE:
+        resource.setrlimit(resource.RLIMIT_AS, (YOLOX_ADDRESS_SPACE, hard))
+
+
+def _memory():
+    """This process's peak address space and resident set (``VmPeak``,
+    ``VmHWM`` of ``/proc/self/status``, kB), where Linux says."""
+    found = {}
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                if key in ('VmPeak', 'VmHWM'):
+                    found[key] = int(value.split()[0])
+    except (IOError, OSError):
+        pass
+    return found
+
+
+def _record_input_sizes(runner):
+    """``BatchSyncRandomResize``'s ``_input_size`` after each iteration
+    (the size the next one trains at), per iteration."""
+    from mmengine.hooks import Hook
+
+    from mmnanhook._mmengine import unwrap_model
+    sizes = []
+
+    class Sizes(Hook):
+        priority = 'VERY_LOW'
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None,
+                             outputs=None):
+            augment = unwrap_model(
+                runner.model).data_preprocessor.batch_augments[0]
+            size = augment._input_size
+            sizes.append(None if size is None else [int(v) for v in size])
+
+    runner.register_hook(Sizes())
+    return sizes
 
 
 SCENARIOS = {
     'retinanet_drop': _retinanet_drop,
     'rtmdet_skip': _rtmdet('skip', quarantine_skips=True),
     'rtmdet_drop': _rtmdet('drop'),
+    'yolox_skip': _yolox('skip', broadcast_buffers=False),
+    'yolox_drop': _yolox('drop', broadcast_buffers=False),
+    'yolox_broadcast_skip': _yolox('skip', broadcast_buffers=True),
+    'yolox_broadcast_drop': _yolox('drop', broadcast_buffers=True),
+    'yolox_unused_drop': _yolox('drop', broadcast_buffers=False,
+                                find_unused_parameters=True),
 }
 
 if __name__ == '__main__':

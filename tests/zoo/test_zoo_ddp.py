@@ -1,8 +1,12 @@
 """Recovery under DDP on the zoo's own configs, two CPU ranks over gloo (see
 :mod:`mmnan_testing.ddp_zoo`): mmdet's RTMDet-tiny with its SyncBN (a CPU
-stand-in) and a nodata tile on rank 1, and mmdet's RetinaNet R50 with an
-image whose annotation declares twice its width. A hang fails the test (each
-run is bounded)."""
+stand-in) and nodata tiles on rank 1, mmdet's YOLOX-tiny with its
+``BatchSyncRandomResize`` and nodata tiles on rank 1 at the iteration that
+synchronises, the one after and the first (``broadcast_buffers`` off and
+on, ``find_unused_parameters``), and mmdet's RetinaNet R50 with an image
+whose annotation declares twice its width. A hang fails the test (each run
+is bounded); every diagnosis must leave the run as it found it (the
+before/after picture of :mod:`mmnan_testing.runstate`)."""
 import os
 import os.path as osp
 
@@ -29,25 +33,50 @@ def _run(name, tmp_path):
     return results, results[0]['bundles']
 
 
+def _nothing_changed(results, diagnoses):
+    """Every diagnosis left the run as it found it: the picture of
+    :mod:`mmnan_testing.runstate` (weights, buffers, grads, optimizer, RNG,
+    every module's Python attributes, the batch augments', the hooks',
+    runtime info, log scalars, sampler and pipeline) the same right before
+    and right after it, on every rank; ``diagnoses``: how many each rank
+    ran."""
+    assert [len(r['pictures']) for r in results] == diagnoses, [
+        [p['iter'] for p in r['pictures']] for r in results]
+    changed = [(r['rank'], p['iter'], p['diff'], p['more'])
+               for r in results for p in r['pictures'] if p['diff']]
+    assert changed == [], '\n'.join(
+        'rank %d, diagnosis of iter %d changed (%d more not shown):\n  %s'
+        % (rank, it, more, '\n  '.join(diff))
+        for rank, it, diff, more in changed)
+
+
 @pytest.mark.parametrize('policy', [
     pytest.param('skip', marks=pytest.mark.zoo_full), 'drop'])
 def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
     """RTMDet-tiny as shipped but its SyncBN (a CPU stand-in, every norm
-    layer), 2 epochs; the nodata tile in rank 1's batch makes both ranks'
+    layer), 2 epochs; the nodata tiles in rank 1's batches of the first
+    iteration (nothing recorded yet) and the second make both ranks'
     losses NaN through the shared statistics. 'skip' with
-    ``quarantine_skips=True``, 'drop': one trigger, the step left out or
-    taken again without the tile, which every rank quarantines. 'drop' is
-    make test's zoo DDP run, on both legs; 'skip' is in the full tier."""
+    ``quarantine_skips=True``, 'drop': two triggers, each step left out or
+    taken again without its tile, which every rank quarantines; every
+    diagnosis leaves the run as it was. 'drop' is make test's zoo DDP run,
+    on both legs; 'skip' is in the full tier."""
     results, bundles = _run('rtmdet_' + policy, tmp_path)
-    tile = results[0]['tile']
+    tiles = results[0]['tiles']
+    assert 'EMAHook' in results[0]['hooks'] and \
+        'PipelineSwitchHook' in results[0]['hooks']
     for result in results:
         assert result['syncbn'] > 0
         # Every diagnosis put the running statistics back as they were.
         assert result['replays'] and all(result['replays'])
-    # Every bundle (both ranks, every trigger) blames rank 1's tile; rank
-    # 0's says the NaN came through the statistics, its batch being clean.
-    assert len(bundles) == 2
+    # Both ranks diagnose both triggers, and nothing of either stays.
+    _nothing_changed(results, [2, 2])
+    # Every bundle (both ranks, every trigger) blames rank 1's tile of its
+    # iteration; rank 0's says the NaN came through the statistics, its
+    # batch being clean.
+    assert sorted(b['iter'] for b in bundles) == [0, 0, 1, 1]
     for bundle in bundles:
+        tile = tiles[bundle['iter']]
         culprits = [(f['rank'], [s['img_path'] for s in f['samples']])
                     for f in bundle['ranks'] if f['samples']]
         assert culprits == [(1, [tile])], bundle['summary']
@@ -57,13 +86,119 @@ def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
     assert len(clean) == len(bundles) // 2
     assert all('statistics' in b['summary'] and 'replays finite alone' in
                b['summary'] for b in clean)
-    skipped = 1 if policy == 'skip' else 0
+    skipped = 2 if policy == 'skip' else 0
     assert [r['skipped'] for r in results] == [skipped] * 2
-    assert [r['samples_dropped'] for r in results] == [1 - skipped] * 2
-    # Quarantined alone, never loaded again (epoch 2).
-    assert results[0]['quarantine'] == [[tile, [5]]]
-    seen = [i for i, files in enumerate(results[1]['files']) if tile in files]
-    assert seen == [1]
+    assert [r['samples_dropped'] for r in results] == [2 - skipped] * 2
+    # Quarantined alone, never loaded again by rank 1 (epoch 2). (A
+    # pipeline that returns None makes mmengine's dataset draw another
+    # index at random: rank 0 may draw a tile so, which the quarantine
+    # then takes out of the batch in flight.)
+    assert sorted(results[0]['quarantine']) == [[tiles[0], [1]],
+                                                [tiles[1], [5]]]
+    for tile, first in zip(tiles, (0, 1)):
+        seen = [i for i, files in enumerate(results[1]['files'])
+                if tile in files]
+        assert seen == [first]
+
+
+# The YOLOX scenarios: BatchSyncRandomResize synchronises in iteration 9.
+YOLOX_SYNC = 9
+
+
+def _yolox(name, tmp_path, policy):
+    """Run a YOLOX-tiny scenario (see :mod:`mmnan_testing.ddp_zoo`) and
+    check what every one of them must: both ranks finish every iteration
+    with the same finite weights, each nodata tile was in rank 1's batch
+    of its iteration alone, rank 1's bundle of each names it, every
+    diagnosis left the run as it found it, and the batch augment trained
+    both ranks at the size rank 0 drew."""
+    from mmnan_testing.ddp_zoo import YOLOX_ITERS, YOLOX_TILES
+    results, log = run_ranks(name, tmp_path, module=MODULE, timeout=600)
+    assert [r['iter'] for r in results] == [YOLOX_ITERS] * 2, log[-3000:]
+    assert results[0]['digest'] == results[1]['digest']
+    assert all(r['finite'] for r in results)
+    hooks = results[0]['hooks']
+    for hook in ('YOLOXModeSwitchHook', 'SyncNormHook', 'EMAHook',
+                 'NanDetectHook'):
+        assert hook in hooks, hooks
+    tiles = dict((int(k), v) for k, v in results[0]['tiles'].items())
+    assert sorted(tiles) == sorted(YOLOX_TILES) and YOLOX_SYNC in tiles \
+        and YOLOX_SYNC + 1 in tiles and 0 in tiles
+    # Where the tiles were: rank 1, their iteration, nowhere else.
+    for rank, result in enumerate(results):
+        for it, files in enumerate(result['files']):
+            held = [t for t in tiles.values() if t in files]
+            assert held == ([tiles[it]] if rank == 1 and it in tiles
+                            else []), (rank, it, files)
+    # The size each iteration left for the next: the same on both ranks
+    # (rank 0 draws it, the other receives it); from the synchronising
+    # iteration on, a multiple of 32 in the (rescaled) range.
+    sizes = [r['input_sizes'] for r in results]
+    assert sizes[0] == sizes[1], sizes
+    assert len(sizes[0]) == YOLOX_ITERS
+    assert all(160 <= s[0] <= 320 and s[0] % 32 == 0 and s[0] == s[1]
+               for s in sizes[0][YOLOX_SYNC:]), sizes[0]
+    # Rank 1 diagnosed each trigger (its forward raised); nothing stays.
+    _nothing_changed(results, [0, len(tiles)])
+    bundles = results[0]['bundles']
+    assert sorted(b['iter'] for b in bundles) == sorted(tiles), [
+        (b['iter'], b['summary']) for b in bundles]
+    for bundle in bundles:
+        tile = tiles[bundle['iter']]
+        assert bundle['files'] == [tile], bundle['summary']
+        culprits = [(f['rank'], [s['img_path'] for s in f['samples']])
+                    for f in bundle['ranks'] if f['samples']]
+        assert culprits == [(1, [tile])], bundle['summary']
+        assert tile in bundle['summary']
+    if policy == 'skip':
+        assert [r['skipped'] for r in results] == [len(tiles)] * 2
+        assert [r['samples_dropped'] for r in results] == [0, 0]
+    else:
+        assert [r['skipped'] for r in results] == [0, 0]
+        assert [r['samples_dropped'] for r in results] == [len(tiles)] * 2
+        assert sorted(f for f, _ in results[0]['quarantine']) == sorted(
+            tiles.values())
+    return results
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize('policy', ['skip', 'drop'])
+def test_yolox_batch_sync_resize_without_buffer_broadcast(tmp_path, policy):
+    """YOLOX-tiny as shipped (its mode switch, SyncNormHook and EMA kept,
+    the hook in the one-line form) under ``MMDistributedDataParallel`` with
+    ``broadcast_buffers=False`` (mmengine's own wrapping), one epoch of 12
+    iterations; a nodata tile on rank 1 in iteration 0, in iteration 9
+    (``BatchSyncRandomResize`` draws the next size on rank 0, ``barrier()``
+    + ``broadcast()``, kept in ``self._input_size``) and in iteration 10:
+    rank 1's forward raises each time (SimOTA's ``binary_cross_entropy``),
+    rank 0's does not. The replays must neither answer the broadcast with
+    memory never written nor leave what they drew in ``_input_size``
+    (before issue 43: a size of 10^14 pixels, the run lost at the next
+    iteration). In the full tier."""
+    _yolox('yolox_' + policy, tmp_path, policy)
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize('policy', ['skip', 'drop'])
+def test_yolox_batch_sync_resize_with_buffer_broadcast(tmp_path, policy):
+    """The same with DDP's default ``broadcast_buffers=True`` (a user's
+    ``model_wrapper_cfg``): DDP broadcasts rank 0's buffers at the start
+    of every forward, a collective made from C++ that no Python call
+    shows; a rank whose forward failed and one that went on must meet in
+    the same collective or in none (before issue 43: rank 1 in
+    mmnanhook's vote, rank 0 in DDP's broadcast, for ever). Bounded: the
+    run's ``dist_cfg.timeout`` is 2 minutes, the launch's 10. In the full
+    tier."""
+    _yolox('yolox_broadcast_' + policy, tmp_path, policy)
+
+
+@pytest.mark.zoo_full
+def test_yolox_drop_with_find_unused_parameters(tmp_path):
+    """The same without the buffer broadcast, 'drop', DDP with
+    ``find_unused_parameters=True`` (its reducer searches the graph after
+    every forward and all-reduces in backward: a rank that takes its step
+    again and one that does not must meet there). In the full tier."""
+    _yolox('yolox_unused_drop', tmp_path, 'drop')
 
 
 @pytest.mark.everyday_leg('dota')
