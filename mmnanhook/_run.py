@@ -355,10 +355,11 @@ class HookRun(object):
             if exchange is not None:
                 # Once on every rank, whatever the diagnosis did; a rank
                 # whose forward raised and said nothing stops them all.
+                raises = (event.trigger == Trigger.EXCEPTION
+                          and event.rank in event.bad_ranks)
                 findings = tuple(exchange(rank_finding(
-                    event.rank, iter=event.fail_iter, raises=(
-                        event.trigger == Trigger.EXCEPTION
-                        and event.rank in event.bad_ranks))))
+                    event.rank, iter=event.fail_iter, raises=raises,
+                    error=event.exception)))
         report = incident.report if incident is not None else None
         # Under DDP every rank records what the writer wrote (it cannot
         # know); alone, only a bundle written holds a state to name.
@@ -509,8 +510,9 @@ class HookRun(object):
         if not peer and (not self.options.replay or is_out_of_memory(exc)):
             if ranks is not None:
                 # Every rank stops: this one re-raises, the others learn why.
-                Exchange(ranks)(rank_finding(ranks.rank, iter=runner.iter,
-                                             raises=True))
+                Exchange(ranks)(rank_finding(
+                    ranks.rank, iter=runner.iter, raises=True,
+                    error='%s: %s' % (type(exc).__name__, exc)))
             return None
         event = forward_event(runner.iter, runner.epoch, exc, failed,
                               ranks is not None)

@@ -263,14 +263,17 @@ class RankFinding(object):
             alone was non-finite.
         raises (bool): Its forward raised an exception that no policy
             handles (not made by non-finite values): every rank stops.
+        error (str, optional): That exception, ``Type: message``: every
+            rank stops naming it.
     """
 
     __slots__ = ('rank', 'kind', 'samples', 'iter', 'batch_size', 'drop',
-                 'reason', 'nonfinite_data', 'reproduced', 'raises')
+                 'reason', 'nonfinite_data', 'reproduced', 'raises', 'error')
 
     def __init__(self, rank, kind=None, samples=None, iter=None,
                  batch_size=None, drop=None, reason=None,
-                 nonfinite_data=False, reproduced=None, raises=False):
+                 nonfinite_data=False, reproduced=None, raises=False,
+                 error=None):
         self.rank = rank
         self.kind = kind
         self.samples = list(samples or [])
@@ -281,6 +284,7 @@ class RankFinding(object):
         self.nonfinite_data = bool(nonfinite_data)
         self.reproduced = reproduced
         self.raises = bool(raises)
+        self.error = error if self.raises else None
 
     @property
     def culprit(self):

@@ -212,7 +212,7 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             event.rank, report if replay else None, data_batch,
             event.fail_iter, raises=event.trigger == Trigger.EXCEPTION
             and event.rank in event.bad_ranks and not raised_by_nonfinite(
-                report))),
+                report), error=event.exception)),
             event.rank)
     explain_by_config(report, config_findings)
     text = format_report(report)

@@ -38,6 +38,9 @@ class Answer(object):
         lines = []
         if self.summary:
             lines.append(self.summary)
+        # Under DDP every rank stops naming what stopped them all.
+        lines.extend("rank %d's forward raised %s" % (f.rank, f.error)
+                     for f in self.findings or () if f.error)
         fix = verified_fix([f.to_dict() for f in self.report.fixes]
                            if self.report is not None else None)
         if fix is not None:

@@ -71,7 +71,7 @@ def raised_by_nonfinite(report):
 
 
 def rank_finding(rank, report=None, data_batch=None, iter=None,
-                 raises=False):
+                 raises=False, error=None):
     """This rank's :class:`~mmnanhook.records.RankFinding` of a trigger.
 
     Args:
@@ -81,16 +81,17 @@ def rank_finding(rank, report=None, data_batch=None, iter=None,
         data_batch (optional): The batch it replayed.
         iter (int, optional): That batch's iteration.
         raises (bool): Its forward raised an exception no policy handles.
+        error (str, optional): That exception, ``Type: message``.
     """
     if report is None or report.kind is None:
-        return RankFinding(rank, iter=iter, raises=raises)
+        return RankFinding(rank, iter=iter, raises=raises, error=error)
     n = batch_size(data_batch) if data_batch is not None else None
     drop, reason = samples_to_drop(report, n, whole=True)
     nonfinite = any(s.categories.intersection(NONFINITE_DATA)
                     for s in report.batch_problems)
     return RankFinding(
         rank, report.kind.value, report.samples, iter, n, drop, reason,
-        nonfinite, report.kind != Kind.NOT_REPRODUCED, raises)
+        nonfinite, report.kind != Kind.NOT_REPRODUCED, raises, error)
 
 
 def received(finding, findings):

@@ -9,6 +9,8 @@ Scenarios:
   from C++) and a data preprocessor that raises on rank 1's NaN sample in
   iteration :data:`PRE_ITER`, before DDP's forward: rank 0 must not wait
   in that broadcast for a rank that votes; ``'skip'``.
+* ``code_fault``: the same preprocessor raises on rank 1's finite data
+  (a fault of the code): every rank ends at once, with that error named.
 * ``sync_skip`` / ``sync_drop``: a data preprocessor that, like mmdet's
   ``BatchSyncRandomResize``, takes a random scale from rank 0 (``barrier``
   and ``broadcast``) every second iteration and keeps it in an attribute
@@ -56,6 +58,8 @@ def _preprocessor_type():
 
         def forward(self, data, training=False):
             data = super(SyncScale, self).forward(data, training)
+            if 'preprocess_bug' in (data.get('fault') or []):
+                raise KeyError('preprocess_bug: a fault of the code')
             if self.check and not all(bool(torch.isfinite(x).all())
                                       for x in data['inputs']):
                 raise ValueError('non-finite input')
@@ -104,6 +108,39 @@ def _buffers_preprocess(out_dir):
     return result
 
 
+def _code_fault(out_dir):
+    """Rank 1's preprocessor raises on finite data (a fault of the code, no
+    policy's to handle): both ranks end at once, rank 1 with its error, rank
+    0 naming it."""
+    import time
+
+    from .toy import ToyBNModel, make_runner
+
+    class Buggy(ToyBNModel):
+
+        def __init__(self):
+            super(Buggy, self).__init__()
+            self.data_preprocessor = _preprocessor_type()(interval=1000)
+
+    runner = make_runner(
+        out_dir, faults={PRE_SAMPLE: 'preprocess_bug'}, model=Buggy(),
+        max_iters=4, hook=dict(type='NanDetectHook', policy='skip',
+                               dump_dir=osp.join(out_dir, 'dumps')),
+        launcher='pytorch', env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
+                                        device_ids=None,
+                                        broadcast_buffers=True)))
+    start = time.time()
+    try:
+        runner.train()
+    except Exception as exc:  # noqa: BLE001 - what the run ends with
+        notes = getattr(exc, '__notes__', None) or []
+        return dict(raised=type(exc).__name__,
+                    message='\n'.join([str(exc)] + list(notes)),
+                    iter=runner.iter, seconds=time.time() - start)
+    return dict(raised=None, iter=runner.iter)
+
+
 def _sync(policy):
 
     def scenario(out_dir):
@@ -132,6 +169,7 @@ def _sync(policy):
 
 
 SCENARIOS = dict(buffers_preprocess=_buffers_preprocess,
+                 code_fault=_code_fault,
                  sync_skip=_sync('skip'), sync_drop=_sync('drop'))
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ from mmnan_testing.ddp_hidden import SYNC_ITER
 
 pytestmark = pytest.mark.ddp
 
-SCENARIOS = ['buffers_preprocess', 'sync_skip', 'sync_drop']
+SCENARIOS = ['buffers_preprocess', 'code_fault', 'sync_skip', 'sync_drop']
 
 
 @pytest.fixture(scope='module')
@@ -32,6 +32,21 @@ def test_a_preprocessor_raising_before_ddps_buffer_broadcast_hangs_no_rank(
     assert ranks[0]['weights'] == ranks[1]['weights']
     assert all(r['finite'] for r in ranks)
     assert all(r['iter'] == 4 for r in ranks)
+
+
+def test_a_fault_of_the_code_on_one_rank_ends_every_rank_naming_it(runs):
+    """No policy handles a preprocessor's own bug: every rank ends in the
+    same iteration, at once (not at a timeout, not one iteration later),
+    rank 1 with its error and rank 0 naming it."""
+    results, log = runs
+    ranks = results['code_fault']
+    assert [r['raised'] for r in ranks] == ['PeerForwardFailed',
+                                            'KeyError'], log[-3000:]
+    assert [r['iter'] for r in ranks] == [2, 2]
+    for result in ranks:
+        assert "rank 1's forward raised KeyError: 'preprocess_bug" in \
+            result['message']
+        assert result['seconds'] < 30
 
 
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
