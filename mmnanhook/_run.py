@@ -32,8 +32,8 @@ from .quarantine import call_with, prepare_index, start_quarantine
 from .records import Culprit, Trigger
 from .recovery import (Action, Answer, Policy, data_culprits, rank_finding)
 from .report import forget_nonfinite, to_visualizer
-from .sentinel import (Attributes, BufferSnapshot, BypassGuard, Dropper,
-                       Exchange, ForwardStart, Rewinder, StepMemory, StepState,
+from .sentinel import (BufferSnapshot, BypassGuard, Dropper, Exchange,
+                       ForwardStart, Rewinder, StepMemory, StepState,
                        forward_event, install_nan_detect, is_out_of_memory,
                        param_norms, plan_drop, start_distributed, step_record)
 
@@ -80,7 +80,8 @@ class HookRun(object):
         self.train_iters = 0
         self.memory = StepMemory(max(
             getattr(w, '_accumulative_counts', 1)
-            for w in self.handle.wrappers))
+            for w in self.handle.wrappers),
+            getattr(module, 'data_preprocessor', None))
         self.history = history
         # Buffers before the update step's first micro-step, and before the
         # current one (accumulation).
@@ -192,7 +193,7 @@ class HookRun(object):
         the batch (by reference: ``train_step`` does not mutate it), its
         RNG states and, when a step may be left out, the buffers."""
         model = unwrap_model(self.runner.model)
-        attributes = self._preprocessor_attributes(model)
+        attributes = self.memory.preprocessor_attributes()
         if self.policy.leaves_steps_out:
             # Before the first micro-step since the last update step (a
             # resumed one's too), and before this one (a forward taken again
@@ -204,16 +205,6 @@ class HookRun(object):
         self.memory.keep(self.runner.iter, data_batch, attributes)
         self.step = StepState()
         self.rewound_at = None
-
-    @staticmethod
-    def _preprocessor_attributes(model):
-        """The data preprocessor's attributes (its batch augments' too)
-        before a forward: what a step skipped or taken again, and every
-        replay, start from."""
-        preprocessor = getattr(model, 'data_preprocessor', None)
-        if not isinstance(preprocessor, torch.nn.Module):
-            return None
-        return Attributes(preprocessor.modules(), torch_own=False)
 
     def _after_step(self):
         runner = self.runner

@@ -76,35 +76,57 @@ class Attributes(object):
     Args:
         objects (iterable): Objects with a ``__dict__`` (modules, transforms,
             samplers, dicts themselves: a ``dict`` is kept as its items).
-        torch_own (bool): Keep what torch keeps in a module's ``__dict__``
-            too (hook dicts, ``training``): after replays that hooked
-            modules; not needed before a step (no forward sets them).
+        step (bool): Taken before every train step (the data
+            preprocessor's): a shallow copy of each ``__dict__`` (about a
+            microsecond a module), which puts back what a forward rebinds
+            (``BatchSyncRandomResize._input_size``) and removes what it
+            adds, but not what it writes into a container in place, and
+            leaves torch's own entries (hook dicts, ``training``: no
+            forward sets them). Otherwise (a trigger's replays, which hook
+            modules) containers' and plain tensors' contents are kept and
+            written back too, and torch's entries are put back.
     """
 
-    def __init__(self, objects, torch_own=True):
+    def __init__(self, objects, step=False):
+        self._step = step
         self._kept = []
         for obj in objects:
             own = obj if type(obj) in (dict, collections.OrderedDict) \
                 else vars(obj)
-            skip = ()
-            if isinstance(obj, torch.nn.Module):
-                skip = _MODULE_OWN if torch_own else _MODULE_OWN | _TORCH_OWN
+            if step:
+                self._kept.append((own, dict(own), isinstance(
+                    obj, torch.nn.Module)))
+                continue
+            skip = _MODULE_OWN if isinstance(obj, torch.nn.Module) else ()
             self._kept.append((own, dict(
                 (name, (value, _contents(value)))
                 for name, value in own.items() if name not in skip), skip))
 
     def restore(self):
         """Put every attribute back: entries added since are removed."""
+        if self._step:
+            for own, kept, module in self._kept:
+                skip = _MODULE_OWN | _TORCH_OWN if module else ()
+                kept = dict((name, (value, None)) for name, value in
+                            kept.items() if name not in skip)
+                _restore(own, kept, skip)
+            return
         for own, kept, skip in self._kept:
-            for name in [n for n in own if n not in kept and n not in skip]:
-                del own[name]
-            for name, (value, contents) in kept.items():
-                if own.get(name, own) is not value:
-                    own[name] = value
-                if contents is not None:
-                    _put_back(value, contents)
+            _restore(own, kept, skip)
 
 
-def module_attributes(module, torch_own=True):
+def _restore(own, kept, skip):
+    """``own`` (a ``__dict__``) back to ``kept`` (name -> ``(value,
+    contents)``), but the names in ``skip``."""
+    for name in [n for n in own if n not in kept and n not in skip]:
+        del own[name]
+    for name, (value, contents) in kept.items():
+        if own.get(name, own) is not value:
+            own[name] = value
+        if contents is not None:
+            _put_back(value, contents)
+
+
+def module_attributes(module, step=False):
     """:class:`Attributes` of ``module`` and every submodule of it."""
-    return Attributes(module.modules(), torch_own)
+    return Attributes(module.modules(), step)

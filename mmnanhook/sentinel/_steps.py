@@ -11,6 +11,7 @@ import collections
 
 import torch
 
+from ._attributes import Attributes
 from ._rng import capture_rng
 
 
@@ -20,11 +21,25 @@ class StepMemory(object):
     Args:
         window (int): How many steps to keep: the gradient accumulation
             count, so that every micro-step of an update can be replayed.
+        preprocessor (nn.Module, optional): The model's data preprocessor,
+            whose attributes (its batch augments' too) a step's forward may
+            set (:meth:`preprocessor_attributes`).
     """
 
-    def __init__(self, window=1):
+    def __init__(self, window=1, preprocessor=None):
         self.window = max(1, int(window))
         self._steps = collections.OrderedDict()
+        self._preprocessor = list(preprocessor.modules()) if isinstance(
+            preprocessor, torch.nn.Module) else []
+
+    def preprocessor_attributes(self):
+        """The data preprocessor's :class:`Attributes` now, before a step's
+        forward: what a step skipped or taken again, and every replay, start
+        from (about 2 us: a shallow copy of a few ``__dict__`` s); ``None``
+        without a preprocessor."""
+        if not self._preprocessor:
+            return None
+        return Attributes(self._preprocessor, step=True)
 
     def keep(self, iter, data_batch, attributes=None):
         """Keep ``data_batch`` and the RNG states now, for iteration ``iter``.

@@ -54,7 +54,8 @@ def _preprocessor_type():
             self.interval = interval
             self.check = check
             self._scale = 1.0
-            self.scales = []
+            # Rebound, as _input_size is: a step undone forgets its draw.
+            self.draws = 0
 
         def forward(self, data, training=False):
             data = super(SyncScale, self).forward(data, training)
@@ -74,7 +75,7 @@ def _preprocessor_type():
                 barrier()
                 broadcast(tensor, 0)
                 self._scale = float(tensor[0])
-                self.scales.append(self._scale)
+                self.draws += 1
             return data
 
     return SyncScale
@@ -159,7 +160,7 @@ def _sync(policy):
         scale = torch.tensor([preprocessor._scale])
         scales = [torch.zeros(1) for _ in range(dist.get_world_size())]
         dist.all_gather(scales, scale)
-        result.update(scale=preprocessor._scale, scales=preprocessor.scales,
+        result.update(scale=preprocessor._scale, draws=preprocessor.draws,
                       every_rank=[float(s) for s in scales],
                       iter_info=MessageHub.get_current_instance().get_info(
                           'iter'))

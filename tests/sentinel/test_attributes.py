@@ -53,16 +53,22 @@ def test_everything_a_forward_set_is_put_back():
     assert module.conv.weight is weight
 
 
-def test_hooks_added_since_go_only_when_torch_own_is_kept():
+def test_the_snapshot_before_a_step_puts_back_what_a_forward_rebinds():
     module = Resizer()
-    before_step = module_attributes(module, torch_own=False)
+    cache = module.cache
+    before_step = module_attributes(module, step=True)
     after_trigger = module_attributes(module)
     handle = module.register_forward_hook(lambda *args: None)
+    module(torch.ones(1, 1, 2, 2))
     before_step.restore()
-    # The snapshot taken before every step leaves torch's own state alone.
+    assert module._input_size == (32, 32)
+    assert not hasattr(module, 'last')
+    # Shallow: a container written in place keeps what was written, and
+    # torch's own entries (the hook) are left alone.
+    assert module.cache is cache and cache == [1, 2, 3]
     assert len(module._forward_hooks) == 1
     after_trigger.restore()
-    assert len(module._forward_hooks) == 0
+    assert cache == [1, 2] and len(module._forward_hooks) == 0
     handle.remove()
 
 
