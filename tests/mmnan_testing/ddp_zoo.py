@@ -39,6 +39,7 @@ config; the work dir is shared.
 """
 import copy
 import hashlib
+import json
 import os.path as osp
 
 import torch
@@ -334,7 +335,13 @@ def _yolox(policy, **wrapper):
         runner.register_hook(probe)
         pictures = capture_pictures(runner)
         sizes = _record_input_sizes(runner)
-        runner.train()
+        try:
+            runner.train()
+        finally:
+            # What the diagnoses changed, also when the run failed.
+            with open(osp.join(out_dir, 'pictures%d.json' % rank),
+                      'w') as f:
+                json.dump(pictures, f, indent=1)
         hub = runner.message_hub
         quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
         dropped = hub.get_scalar('train/samples_dropped') \

@@ -28,7 +28,11 @@ What the picture holds (each part a key of the dict :func:`take` returns):
 * ``data``: the train dataloader's sampler and batch sampler, the
   dataset's attributes and its pipeline transforms' ``__dict__``
   (``CachedMosaic``'s cache), wrappers' inner datasets included, and the
-  loader's iterator counters.
+  loader's iterator counters;
+* ``process``: anomaly and grad mode, threads, default dtype, cuDNN
+  flags, the loggers' levels, and which function object each collective of
+  ``torch.distributed``, ``mmengine.dist`` and mmdet's helpers is (a
+  replay that answers collectives on one rank must put them back).
 
 Values are pictured by kind: plain values by value, containers
 recursively, tensors and arrays by dtype, shape and digest, other objects
@@ -359,6 +363,82 @@ def _log_scalars(hub):
     return scalars
 
 
+# Functions a replay may replace while it runs (to answer a collective on
+# one rank, to watch a forward): each must be the same object after it.
+_PATCHABLE = {
+    'torch.distributed': (
+        'all_reduce', 'all_gather', 'all_gather_into_tensor',
+        '_all_gather_base', 'broadcast', 'barrier', 'reduce',
+        'reduce_scatter', 'reduce_scatter_tensor', 'all_to_all',
+        'all_gather_object', 'broadcast_object_list', 'gather', 'scatter',
+        'send', 'recv', 'get_rank', 'get_world_size', 'is_initialized'),
+    'torch.distributed.distributed_c10d': (
+        'all_reduce', 'all_gather', 'broadcast', 'barrier'),
+    'mmengine.dist': ('all_reduce', 'all_gather', 'broadcast', 'barrier',
+                      'get_rank', 'get_world_size', 'get_dist_info',
+                      'all_gather_object', 'broadcast_object_list'),
+    'mmengine.dist.dist': ('all_reduce', 'all_gather', 'broadcast',
+                           'barrier'),
+    'mmdet.utils.dist_utils': ('reduce_mean', 'all_reduce_dict'),
+    'mmdet.models.data_preprocessors.data_preprocessor': (
+        'barrier', 'broadcast', 'get_dist_info'),
+    'torch.nn.functional': ('batch_norm', 'interpolate',
+                            'binary_cross_entropy'),
+}
+# Methods of classes, as above: module -> class -> names.
+_PATCHABLE_METHODS = {
+    'torch.nn.modules.module': ('Module', ('__call__', '_call_impl')),
+    'torch.nn.parallel.distributed': ('DistributedDataParallel', (
+        'forward', '_pre_forward', '_sync_buffers')),
+}
+
+
+def _process():
+    """The process-wide switches and functions a replay may turn or
+    replace: anomaly mode, grad mode, threads, default dtype, cuDNN flags,
+    the root and mmengine loggers' levels, the collectives' functions."""
+    import importlib
+    import logging
+    import sys
+    state = dict(
+        anomaly=torch.is_anomaly_enabled(), grad=torch.is_grad_enabled(),
+        threads=torch.get_num_threads(),
+        dtype=str(torch.get_default_dtype()),
+        cudnn=(torch.backends.cudnn.benchmark,
+               torch.backends.cudnn.deterministic,
+               torch.backends.cudnn.enabled))
+    if hasattr(torch, 'are_deterministic_algorithms_enabled'):
+        state['deterministic'] = torch.are_deterministic_algorithms_enabled()
+    if hasattr(torch, 'is_inference_mode_enabled'):
+        state['inference'] = torch.is_inference_mode_enabled()
+    loggers = {}
+    for name in ('', 'mmengine'):
+        logger = logging.getLogger(name)
+        loggers[name or '<root>'] = (logger.level, logger.disabled, tuple(
+            (type(h).__name__, h.level) for h in logger.handlers))
+    state['loggers'] = loggers
+    functions = {}
+
+    def seen(where, value):
+        if value is not None:
+            functions[where] = Leaf(('object', _qualname(type(value)),
+                                     id(value)))
+
+    for module, names in _PATCHABLE.items():
+        if module in sys.modules:
+            owner = importlib.import_module(module)
+            for name in names:
+                seen('%s.%s' % (module, name), getattr(owner, name, None))
+    for module, (cls, names) in _PATCHABLE_METHODS.items():
+        owner = getattr(sys.modules.get(module), cls, None)
+        if owner is not None:
+            for name in names:
+                seen('%s.%s.%s' % (module, cls, name),
+                     owner.__dict__.get(name))
+    state['functions'] = functions
+    return state
+
+
 def take(runner):
     """The picture of everything a replay could change in ``runner``.
 
@@ -372,7 +452,8 @@ def take(runner):
         optimizer=_optimizer(runner), schedulers=_schedulers(runner),
         rng=_rng(), modules=_modules(model), hooks=_hooks(runner),
         message_hub=picture(runner.message_hub.runtime_info),
-        log_scalars=_log_scalars(runner.message_hub), data=_data(runner))
+        log_scalars=_log_scalars(runner.message_hub), data=_data(runner),
+        process=_process())
     return picture_
 
 

@@ -187,6 +187,26 @@ def test_a_hook_left_behind_and_a_grad_are_seen(runner):
     param.grad = grad
 
 
+def test_a_collective_left_replaced_and_anomaly_mode_left_on_are_seen(
+        runner):
+    import torch.distributed as dist
+    real = dist.broadcast
+
+    def local(tensor, src=0, group=None, async_op=False):
+        return None
+
+    found = _changes(runner, lambda: setattr(dist, 'broadcast', local))
+    dist.broadcast = real
+    assert found == [found[0]] and found[0].startswith(
+        "process['functions']['torch.distributed.broadcast']"), found
+    try:
+        found = _changes(runner, lambda: torch.autograd.set_detect_anomaly(
+            True))
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+    assert found == ["process['anomaly']: False -> True"], found
+
+
 def test_pictures_of_values():
     picture = runstate.picture
     nan = float('nan')
