@@ -35,13 +35,15 @@ def _config(tmp_path, compile_cfg, hook=True):
 
 
 @pytest.mark.mmdet
-@pytest.mark.everyday_leg('modern')
+@pytest.mark.zoo_full
 @pytest.mark.skipif(not compat.HAS_DYNAMO,
                     reason='torch.compile needs torch >= 2.0 (the DOTA leg '
                     'refuses `compile`: the test below)')
 def test_compiled_train_step_keeps_the_diagnosis_drop_and_quarantine(
         tmp_path):
-    """The one compiled test of make test (about 20 s: the compile)."""
+    """Full tier (25 CPU-s, the compile): make test's one compiled run is
+    the toy's (tests/sentinel/test_schedulers_and_guard.py: the check, the
+    listener and its bundle under a compiled train_step)."""
     cfg, bad = _config(tmp_path, dict(backend='aot_eager'))
     runner = Runner.from_cfg(cfg)
     files = zoo.BatchFiles()

@@ -270,3 +270,8 @@ def test_compiled_train_step_is_checked(tmp_path):
     assert isinstance(error, NonFiniteError) and error.iter == 3
     assert_same({n: p.detach() for n, p in runner.model.named_parameters()},
                  probe.before[3][0])
+    # The listener and its replay ran outside dynamo's tracing (issue 44):
+    # the forward's NaN located, the bundle written.
+    assert error.bundle and osp.isdir(error.bundle)
+    assert error.report['kind'] == 'forward'
+    assert 'mmnan_testing/toy.py' in error.report['location']

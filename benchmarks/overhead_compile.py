@@ -1,0 +1,179 @@
+"""Per-iteration overhead of NanDetectHook when MMEngine compiles the train
+step (``compile`` in the config: ``torch.compile`` of the bound
+``train_step``), on CPU; the sibling of ``overhead.py``.
+
+Variants, every one compiled with the same backend: plain MMEngine (twice:
+the second copy measures the noise floor) and ``NanDetectHook()`` (tier 1).
+As in ``overhead.py`` each variant trains its own real Runner on the same
+config, data and seed; the runners take turns, one train iteration at a
+time in a random order drawn afresh every round, and the ratio is the
+median over iterations of ``t_variant / t_plain`` for the same iteration,
+reported as its median over ``--repeats`` fresh sets, with the range. The
+first ``--warmup`` iterations (where the compiles and recompiles happen)
+are not timed.
+
+Also counted per variant: the compiled graphs each iteration runs (a backend
+that hands every graph to ``--backend`` and counts its calls), whose
+difference to plain is the number of graph breaks mmnanhook adds per
+iteration (negative: fewer graphs; the update step runs eagerly under the
+hook, see docs/performance.md).
+
+Usage::
+
+    python benchmarks/overhead_compile.py --threads 1 --models retinanet
+    python benchmarks/overhead_compile.py --iters 3 --repeats 1 --warmup 4
+"""
+import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
+import argparse
+import datetime
+import os.path as osp
+import random
+import statistics
+import sys
+import tempfile
+import threading
+
+import _models  # benchmarks/_models.py, next to this script
+import overhead  # benchmarks/overhead.py: the turns, the models
+
+VARIANTS = [
+    ('plain, compiled', []),
+    ('plain again, compiled (noise floor)', []),
+    ('NanDetectHook(), compiled', [dict(type='NanDetectHook')]),
+]
+MODELS = [m for m in overhead.MODELS if m[0] != 'rotated_retinanet']
+
+
+def _compiled(build, backend):
+    """``build`` of ``overhead.MODELS`` with ``compile`` set."""
+
+    def compiled(work_dir, data_dir, iters):
+        cfg = build(work_dir, data_dir, iters)
+        cfg.compile = dict(backend=backend)
+        return cfg
+
+    return compiled
+
+
+def _run_model(name, build, iters, warmup, work_root, repeat):
+    """``overhead._run_model``, with the graphs of each iteration counted.
+
+    Returns:
+        tuple: The timed iterations' seconds and graph counts, per variant.
+    """
+    from mmengine.runner import Runner
+    from mmnan_testing.compiled import GraphsPerIter
+
+    turns = overhead._Turns(len(VARIANTS))
+    times = [[] for _ in VARIANTS]
+    graphs = []
+    runners = [None] * len(VARIANTS)
+    order = list(range(len(VARIANTS)))
+    random.Random(repeat).shuffle(order)
+    for index in order:
+        cfg = build(osp.join(work_root, name, str(repeat), str(index)),
+                    osp.join(work_root, name, 'data'), warmup + iters)
+        cfg.default_hooks.logger = dict(type='LoggerHook', interval=50)
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + list(
+            VARIANTS[index][1])
+        runner = Runner.from_cfg(cfg)
+        # Registered after overhead's Start (same priority): counted while
+        # the runner holds its turn.
+        for hook in overhead._timing_hooks(turns, index, times[index]):
+            runner.register_hook(hook)
+        runners[index] = runner
+    for runner in runners:
+        counter = GraphsPerIter()
+        runner.register_hook(counter)
+        graphs.append(counter.counts)
+    errors = []
+
+    def train(runner):
+        try:
+            runner.train()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            turns.fail()
+
+    threads = [threading.Thread(target=train, args=(r, )) for r in runners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [t[warmup:] for t in times], [g[warmup:] for g in graphs]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--iters', type=int, default=40,
+                        help='timed iterations per variant (default 40)')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='fresh sets of runners (default 3)')
+    parser.add_argument('--warmup', type=int, default=8,
+                        help='untimed first iterations, the compiles '
+                        '(default 8)')
+    parser.add_argument('--backend', default='inductor',
+                        help="torch.compile backend (default 'inductor'; "
+                        "'aot_eager' compiles in seconds)")
+    parser.add_argument('--models', nargs='+', choices=[m[0] for m in MODELS],
+                        help='default: every model whose packages import')
+    parser.add_argument('--threads', type=int,
+                        help='torch intra-op threads (default: torch\'s '
+                        'choice); 1 gives the steadiest timings')
+    parser.add_argument('--work-dir', help='default: a temporary directory')
+    args = parser.parse_args(argv)
+    if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
+        parser.error('--iters and --repeats must be >= 1, --warmup >= 0')
+    import torch
+    import torch._dynamo
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    # Three runners compile the same code objects (one entry per model
+    # instance, and a few recompiles each on the detectors' dynamic shapes):
+    # dynamo's default limit of 8 would leave the last ones eager.
+    torch._dynamo.config.cache_size_limit = 256
+    torch._dynamo.config.accumulated_cache_size_limit = 4096
+
+    import mmnanhook  # noqa: F401 - registers NanDetectHook
+    from mmnan_testing.compiled import counting_backend
+    backend = counting_backend(args.backend)
+    models = _models.select(MODELS, args.models, lambda m: m[2])
+    work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_bench_')
+    print('# mmnanhook overhead under torch.compile (backend %r), %s' %
+          (args.backend, datetime.date.today().isoformat()))
+    print('# machine: %s' % overhead._machine())
+    print('# %d repeats (fresh runners) x %d timed iterations per variant '
+          'after %d warm-up, paired per iteration.' %
+          (args.repeats, args.iters, args.warmup))
+    print('# ratio: median over repeats of the median over iterations of '
+          't_variant / t_plain [min, max over repeats]; graphs: compiled '
+          'graphs run per timed iteration [min, max]\n')
+    print('| model | variant | median s/iter | ratio to plain | graphs/iter |')
+    print('| --- | --- | --- | --- | --- |')
+    for name, title, _, build in models:
+        runs = [
+            _run_model(name, _compiled(build, backend), args.iters,
+                       args.warmup, work_root, repeat)
+            for repeat in range(args.repeats)
+        ]
+        for index, (label, _) in enumerate(VARIANTS):
+            ratios = [
+                statistics.median(a / b for a, b in zip(t[index], t[0]))
+                for t, _ in runs
+            ]
+            ratio = '1 (reference)' if index == 0 else \
+                '%.3fx [%.3f, %.3f]' % (statistics.median(ratios),
+                                        min(ratios), max(ratios))
+            seconds = statistics.median(x for t, _ in runs for x in t[index])
+            counts = [c for _, g in runs for c in g[index]]
+            print('| %s | %s | %.4f | %s | %d [%d, %d] |' % (
+                title, label, seconds, ratio, statistics.median(counts),
+                min(counts), max(counts)))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
