@@ -450,8 +450,12 @@ class ForwardGuard(object):
         """
         self._hidden['ddp_forward'] = functools.partial(
             compat.ddp_forward_collectives, ddp)
-        self._hooks.append(ddp.register_forward_pre_hook(
-            functools.partial(self._ddp_forward, ddp)))
+
+        @compat.not_traced  # a compiled train_step traces DDP's forward
+        def hook(module, inputs):
+            self._ddp_forward(ddp)
+
+        self._hooks.append(ddp.register_forward_pre_hook(hook))
 
     def remove(self):
         """Put the real ones back."""
@@ -546,7 +550,7 @@ class ForwardGuard(object):
 
         return guarded
 
-    def _ddp_forward(self, ddp, module, inputs):
+    def _ddp_forward(self, ddp):
         """DDP's forward starts: recorded as one collective, every step, so
         that a rank that abandons the step before it makes the same calls
         (:func:`~mmnanhook.compat.ddp_forward_collectives`); voted before
