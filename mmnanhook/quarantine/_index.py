@@ -8,33 +8,35 @@ the dataset answers that with one ``get_data_info`` per sample (an unpickle
 under mmengine's ``serialize_data``: 6 us for an info of two instances,
 more with more): 11 s for 1.7 million, on the path of a trigger.
 
-Most datasets need no walk. mmengine's ``BaseDataset`` keeps its data infos
-as one byte buffer (each info pickled, one after the other) and the end
-offset of each: the path's UTF-8 bytes are found in the buffer by one
-``memmem`` (about 10 GB/s: 50 ms for the 484 MB of 1.7 million infos), and
-the offsets say whose info each hit is in. A dataset that keeps its infos
-as Python objects (``serialize_data=False``) is searched by one pass over
-their ``img_path``; mmengine's Concat, Repeat and ClassBalanced wrappers map
-their datasets' answers to their own indices. Every candidate is confirmed
-by its ``get_data_info`` (a hit may be part of a longer path, or another
-field), so a lookup costs one search plus one unpickle per index that loads
-the file, from the first iteration on, whatever the dataset's size, and
-nothing before it (``benchmarks/index_scale.py``). Before trusting the
-search with a dataset, its first and last samples' own paths must be found
-in their own infos: a ``get_data_info`` that makes ``img_path`` up from
-something else (a subclass's) is not searched.
+Two ways answer without waiting for a walk. A search: mmengine's
+``BaseDataset`` keeps its data infos as one byte buffer (each info pickled,
+one after the other) and the end offset of each: the path's UTF-8 bytes are
+found in the buffer by one ``memmem`` (about 10 GB/s: 50 ms for the 484 MB
+of 1.7 million infos), and the offsets say whose info each hit is in. Infos
+kept as Python objects (``serialize_data=False``) are searched by one pass
+over their ``img_path``; mmengine's Concat, Repeat and ClassBalanced
+wrappers map their datasets' answers to their own indices. Before trusting
+the search with a dataset, its first and last samples' paths must be found
+in their own infos: a ``get_data_info`` that makes ``img_path`` up (a
+subclass's) is not searched. And an index: :class:`SampleIndex` walks the
+dataset once and keeps two arrays, the 8-byte digest of each sample's
+``img_path``, sorted, and the dataset index of each (12 bytes a sample,
+20 MB for 1.7 million); a lookup is then a binary search (0.6 ms on 1.7
+million, where a search costs 50 ms a file, and a batch's files are
+searched one by one). Either way, every candidate is confirmed by its
+``get_data_info`` (a hit may be part of a longer path, or another field).
 
-Those other datasets (and wrappers other than mmengine's) get the walk, once
-per dataset: :class:`SampleIndex` keeps two arrays, the 8-byte digest of
-each sample's ``img_path``, sorted, and the dataset index of each (12 bytes
-a sample, 20 MB for 1.7 million); a lookup is a binary search, then one
-``get_data_info`` per candidate. A large one is walked by a child process
-forked at ``before_train`` (:func:`~._list.prepare_index`): it reads the
-dataset copy-on-write, takes none of the training process's locks (the GIL
-included), runs at the lowest priority (a core the training wants is the
-training's), and writes the arrays into shared memory, which the training
-process reads, and every dataloader worker forked later inherits without a
-copy. A lookup before that walk is done waits for it.
+A large dataset is walked by a child process forked at ``before_train``
+(:func:`~._list.prepare_index`): it reads the dataset copy-on-write, takes
+none of the training process's locks (the GIL included), runs at the lowest
+priority (a core the training wants is the training's), and writes the
+arrays into shared memory, which the training process reads, and every
+dataloader worker forked later inherits without a copy. Until it is done,
+the lookups of a dataset that can be searched search it, so a trigger in
+the first iterations costs what it costs later (the index took 10 s and
+more on 1.7 million infos, and a trigger then waited for it); a dataset
+that cannot be searched waits for the walk (a small one is walked at its
+first lookup, in process).
 """
 import collections
 import ctypes
@@ -293,9 +295,9 @@ class SampleIndex(object):
             names a file.
 
     Attributes:
-        builds (int): How many times the dataset was walked for it (1 once
-            built, in this process or a child; 0 for a dataset that is
-            searched instead).
+        builds (int): How many times a walk of the dataset was begun for
+            it (1 once begun, in this process or a child; 0 for a small
+            dataset that is searched).
     """
 
     def __init__(self, dataset):
@@ -314,8 +316,8 @@ class SampleIndex(object):
 
     @property
     def searched(self):
-        """Whether lookups search the dataset's infos (no walk, no
-        index to build)."""
+        """Whether lookups can search the dataset's infos (they do until
+        a walk's arrays are there, if ever)."""
         if self._searchable is None:
             dataset = self.dataset
             self._search = None if dataset is None else _search_of(dataset)
@@ -330,13 +332,14 @@ class SampleIndex(object):
 
     def start(self, background=True):
         """Start the walk, in a forked child when ``background`` (and the
-        platform forks), else now; nothing when it was started before, or
-        when the dataset is searched instead (:attr:`searched`).
+        platform forks), else now; nothing when it was started before.
+        Until a child's walk is done, a dataset that can be searched
+        (:attr:`searched`) is searched: no lookup waits for it.
 
         Args:
             background (bool): Walk in a child process.
         """
-        if self.builds or self.searched:
+        if self.builds:
             return
         dataset = self.dataset
         self._count = len(dataset) if hasattr(dataset, 'get_data_info') \
@@ -401,28 +404,40 @@ class SampleIndex(object):
         return found
 
     def _candidates(self, path):
-        if self.searched:
+        arrays = self._arrays(wait=not self.searched)
+        if arrays is None:
             return self._search(path)
-        digests, positions = self._ready()
+        digests, positions = arrays
         digest = int.from_bytes(_digest(path), 'little', signed=True)
         lo = int(np.searchsorted(digests, digest, side='left'))
         hi = int(np.searchsorted(digests, digest, side='right'))
         return sorted(positions[lo:hi].tolist())
 
-    def _ready(self):
+    def _arrays(self, wait):
+        """The walk's arrays; ``None`` without ``wait`` when they are not
+        there yet (no walk begun, or a child's under way)."""
         if not self.builds:
+            if not wait:
+                return None
             self.start(background=False)
-        builder, self._builder = self._builder, None
+        builder = self._builder
         if builder is not None:
+            if not wait and builder.is_alive():
+                return None
+            self._builder = None
             builder.join()
             if builder.exitcode == 0:
                 self._digests, self._positions = _views(self._buffer,
                                                         self._count)
             else:
-                # The child died (killed, out of memory): walk here.
                 self._buffer = None
-                self.builds += 1
-                self._build_here()
+                if wait:
+                    # The child died (killed, out of memory), and nothing
+                    # else answers: walk here.
+                    self.builds += 1
+                    self._build_here()
+        if self._digests is None:
+            return None
         return self._digests, self._positions
 
 

@@ -291,12 +291,12 @@ class Quarantine(object):
 
 def prepare_index(dataset):
     """Start walking the train dataset, and each dataset its Mosaic/MixUp
-    partners are drawn from, for their :class:`SampleIndex`, where a lookup
-    cannot search its infos instead (mmengine's datasets and wrappers
-    can: nothing to start): in a forked child for a large one
-    (``BACKGROUND_FROM`` samples, its infos serialized as mmengine's
-    ``BaseDataset`` does by default), else at the first lookup. Before the
-    dataloader's workers fork: they inherit it.
+    partners are drawn from, for their :class:`SampleIndex`: in a forked
+    child for a large one (``BACKGROUND_FROM`` samples, its infos serialized
+    as mmengine's ``BaseDataset`` does by default), else at the first
+    lookup where the dataset cannot be searched instead. Until the child is
+    done, the lookups of a dataset that can be searched (mmengine's) search
+    it: none waits. Before the dataloader's workers fork: they inherit it.
 
     Args:
         dataset: The train dataset, in ``before_train``.
