@@ -1,6 +1,6 @@
-"""What looking a sample up by its file costs on a dataset of 1.7 M images,
-with the index (:class:`mmnanhook.quarantine.SampleIndex`) and with the
-walks it replaced.
+"""What looking a sample up by its file costs on a dataset of 1.7 M images:
+a trigger's lookups (:class:`mmnanhook.quarantine.SampleIndex`) in its
+first iteration and later, and the walks they replaced.
 
 The dataset: an mmengine ``BaseDataset`` of ``--size`` data infos shaped
 like mmdet's (``img_path`` like Objects365's, two instances each), kept
@@ -10,42 +10,45 @@ the batch is 2 samples (one bad).
 
 Measured, in one process, each after the last:
 
-* ``walk``: what a trigger cost before the index: the diagnosis's walk over
+* ``walk``: what a trigger cost before any index: the diagnosis's walk over
   the data infos until the batch's files are found (``annotations``), then
   the quarantine's map of every file to its indices (a dict of the
   dataset's path strings, kept per rank: its RSS too);
-* ``fork``: :func:`prepare_index`'s start in ``before_train``: the fork of
-  the child that walks the dataset (the training process's cost);
-* ``build``: until that child is done (time in the background), and the
-  index's memory: its arrays' bytes, the shared memory they take (system
-  wide, ``Shmem`` of ``/proc/meminfo``) and the RSS it adds to this
-  process (the shared pages it touched included);
-* ``train``: a pure-Python busy loop (a stand-in for the training
-  process's own work) timed while the child walks and after: how much the
-  walk slows this process (the machine's other core runs the child);
-* ``lookup``: a trigger's lookups with the index: the batch's
-  ``annotations`` and the quarantine's indices of the bad file, on this
-  dataset and on one of 8 samples (whose index is walked at the first
-  lookup, in process: included);
-* ``in_process``: the same walk as the child's, in this process (what a
-  lazy build at the first trigger would put on its path).
+* ``prepare``: :func:`prepare_index` in ``before_train`` (the training
+  process's cost: a fork of the child that walks the dataset where a
+  dataset is walked, the search's check of two samples where it is
+  searched);
+* ``first``: a trigger's lookups right after it (the batch's
+  ``annotations`` and the quarantine's indices of the bad file), as in a
+  run's first iterations: where the lookups use an index built from
+  ``before_train``, they wait for it here;
+* ``late``: the same lookups of other files (another trigger, later: once
+  the child's walk is done, when there is one), and on a dataset of 8
+  samples;
+* ``index``: then, its arrays' bytes (0 without a walk), the shared memory
+  they take (system wide, ``Shmem`` of ``/proc/meminfo``) and the RSS added
+  to this process since ``prepare``;
+* ``in_process``: a walk of the whole dataset in this process, for scale
+  (what a lazy walk at the first trigger would cost).
 
 Usage::
 
     OMP_NUM_THREADS=1 python benchmarks/index_scale.py
     python benchmarks/index_scale.py --size 100000
+    # beside the commit before, this script on both trees:
+    benchmarks/beside.sh REV 2 .venv/bin/python $PWD/benchmarks/index_scale.py
 """
 import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 
 import argparse
 import gc
+import multiprocessing
 import time
 
 from mmengine.structures import BaseDataElement
 
 from mmnanhook.diagnosis import annotations
-from mmnanhook.quarantine import (Quarantine, SampleIndex, prepare_index,
-                                  sample_index)
+from mmnanhook.quarantine import Quarantine, prepare_index, sample_index
 from mmnan_testing.infos import InfoDataset, objects365_path
 
 
@@ -95,15 +98,6 @@ def _old_lookups(dataset, batch_paths, bad):
     return diagnosis, quarantine, _rss() - before, indices, by_file
 
 
-def _spin(seconds):
-    """Iterations of a pure-Python loop in ``seconds``."""
-    count, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        for _ in range(1000):
-            count += 1
-    return count
-
-
 def _trigger(dataset, batch_paths, bad, work):
     start = time.perf_counter()
     found = annotations(dataset, _batch(batch_paths))
@@ -114,8 +108,6 @@ def _trigger(dataset, batch_paths, bad, work):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--size', type=int, default=1700000)
-    parser.add_argument('--spin', type=float, default=3.0,
-                        help='seconds of each busy-loop measurement')
     args = parser.parse_args()
     n = args.size
     bad = objects365_path(n - 7)
@@ -126,8 +118,6 @@ def main():
     gc.collect()
     print('dataset: %d data infos, %s serialized, made in %.1f s' % (
         n, _mb(dataset.data_bytes.nbytes), time.perf_counter() - start))
-    print('baseline busy loop: %d iterations in %.1f s' % (
-        _spin(args.spin), args.spin))
 
     diagnosis, quarantine, dict_rss, old, by_file = _old_lookups(
         dataset, batch, bad)
@@ -139,36 +129,45 @@ def main():
     before, shared = _rss(), _shmem()
     start = time.perf_counter()
     prepare_index(dataset)
-    forked = time.perf_counter() - start
-    busy = _spin(args.spin)
-    index = sample_index(dataset)
-    index.first(bad)  # waits for the child
-    built = time.perf_counter() - start
-    print('fork: %.3f s; build: done %.1f s after it, in the child; '
-          'busy loop meanwhile: %d iterations in %.1f s' % (
-              forked, built, busy, args.spin))
-    print('index: %s of arrays, %s of shared memory, %s RSS added to this '
-          'process (%d builds)' % (_mb(index.nbytes), _mb(_shmem() - shared),
-                                   _mb(_rss() - before), index.builds))
-    print('busy loop after: %d iterations in %.1f s' % (
-        _spin(args.spin), args.spin))
-
+    prepared = time.perf_counter() - start
     took, found, indices = _trigger(dataset, batch, bad, 'unused.json')
     assert indices == old and found[1] is not None
+    index = sample_index(dataset)
+    print('prepare: %.3f s; first: a trigger\'s lookups right after it '
+          '%.3f s (%d walks, searched: %s)' % (
+              prepared, took, index.builds,
+              getattr(index, 'searched', False)))
+
+    # A later trigger: after any walk begun at prepare is done.
+    while any(child.name == 'mmnanhook-index'
+              for child in multiprocessing.active_children()):
+        time.sleep(0.05)
+    print('walk: done %.1f s after prepare (%s)' % (
+        time.perf_counter() - start, 'in a child' if index.builds else
+        'none'))
+    later = [objects365_path(n - 3000), objects365_path(n - 20)]
+    again, found, _ = _trigger(dataset, later, later[1], 'unused.json')
+    assert found[1] is not None
+    print('index: %s of arrays, %s of shared memory, %s RSS added to this '
+          'process' % (_mb(index.nbytes), _mb(_shmem() - shared),
+                       _mb(_rss() - before)))
     small = InfoDataset([objects365_path(i) for i in range(8)])
     took_small, found_small, _ = _trigger(
         small, [objects365_path(3), objects365_path(6)], objects365_path(6),
         'unused.json')
     assert found_small[1] is not None
-    again, _, _ = _trigger(dataset, batch, bad, 'unused.json')
-    print('lookup (batch of 2 + the quarantine): %.2f ms; on 8 samples '
-          '(index walked at this first lookup) %.2f ms; again %.2f ms' % (
-              took * 1e3, took_small * 1e3, again * 1e3))
+    print('late: another trigger\'s lookups %.2f ms; on 8 samples %.2f ms' % (
+        again * 1e3, took_small * 1e3))
 
     start = time.perf_counter()
-    SampleIndex(dataset).start(background=False)
-    print('in_process: the same walk here %.1f s' % (
+    _walk_all(dataset)
+    print('in_process: a walk of every info here %.1f s' % (
         time.perf_counter() - start))
+
+
+def _walk_all(dataset):
+    for index in range(len(dataset)):
+        dataset.get_data_info(index)
 
 
 if __name__ == '__main__':

@@ -6,7 +6,8 @@ The stand-ins: a dataset of ``--entries`` data infos (mmengine
 Objects365's, no images: the pipeline makes a 16-vector per sample) whose
 last ``--window`` samples are the ones trained on (a sampler over the tail,
 so the bad samples sit near the end of 1.7M entries); every
-``window / bad``-th of them has a NaN input. The model: ``--width`` wide
+``window / bad``-th of them has a NaN input, or (``--bad-iters``) the
+second sample of each iteration named. The model: ``--width`` wide
 linear layers (4000: 48M parameters) with AdamW (its state: 2 x the
 parameters).  ``NanDetectHook(policy=...)`` with its defaults otherwise.
 
@@ -18,7 +19,10 @@ Measured in one run, per policy:
 * ``state_bytes``: one model + optimizer state as torch.save writes it;
 * ``trigger_s``: median wall time of the iterations with a trigger, minus
   the median of the clean ones (``before_train_iter`` to
-  ``after_train_iter``): diagnosis, bundle, quarantine;
+  ``after_train_iter``): diagnosis, bundle, quarantine; ``triggers``: each
+  trigger's own (by iteration): the first (``first_trigger_s``) is where a
+  lookup that waits for an index built from ``before_train`` shows, the
+  last (``late_trigger_s``) comes after any such index is ready;
 * ``rss_growth_mb``: RSS after training minus RSS before it (the
   dataset is built before; its build's own peak is not counted).
 
@@ -26,6 +30,9 @@ Usage (``benchmarks/beside.sh REV 1 .venv/bin/python benchmarks/scale.py``
 runs it beside an earlier commit)::
 
     OMP_NUM_THREADS=1 python benchmarks/scale.py --entries 8 1700000
+    # the first trigger in iteration 2, on 16 and on 1.7M entries
+    python benchmarks/scale.py --entries 16 1700000 --window 16 \
+        --bad-iters 2 --policies drop
 """
 import argparse
 import io
@@ -71,16 +78,16 @@ class ScaleDataset(BaseDataset):
     METAINFO = dict(classes=('object', ))
 
     def __init__(self, entries, window, bad, **kwargs):
-        self.entries, self.window, self.bad = entries, window, bad
+        # ``bad``: the positions in the window of the bad samples.
+        self.entries, self.window, self.bad = entries, window, set(bad)
         super().__init__(ann_file='', **kwargs)
 
     def load_data_list(self):
-        step = self.window // self.bad
         first = self.entries - self.window
         return [dict(img_path='data/objects365/train/images/v1/patch{}/'
                      'objects365_v1_{:08d}.jpg'.format(i % 51, i),
                      width=640, height=480,
-                     bad=i >= first and (i - first) % step == step - 1,
+                     bad=i - first in self.bad,
                      instances=[dict(bbox=[0., 0., 10., 10.],
                                      bbox_label=0)])
                 for i in range(self.entries)]
@@ -168,8 +175,16 @@ def _state_bytes(model):
     return buffer.tell()
 
 
+def _bad_positions(args):
+    """Positions in the window of the bad samples."""
+    if args.bad_iters:
+        return [k * args.batch + args.batch - 1 for k in args.bad_iters]
+    step = args.window // args.bad
+    return [i for i in range(args.window) if i % step == step - 1]
+
+
 def run(entries, policy, args, work):
-    window, bad = args.window, args.bad
+    window, bad = args.window, _bad_positions(args)
     start = time.perf_counter()
     dataset = dict(
         type='ScaleDataset', entries=entries, window=window, bad=bad,
@@ -207,11 +222,15 @@ def run(entries, policy, args, work):
     grown = _rss_mb() - rss0
     clean = [t for i, t in enumerate(times.times) if i not in bad_positions]
     hit = [t for i, t in enumerate(times.times) if i in bad_positions]
+    each = dict((i, round(t - statistics.median(clean), 3))
+                for i, t in enumerate(times.times) if i in bad_positions)
     return dict(
         entries=entries, policy=policy, build_s=round(built, 1),
         bad_iters=len(hit), iter_s=round(statistics.median(clean), 4),
         trigger_s=round(statistics.median(hit) - statistics.median(clean),
                         3),
+        triggers=each, first_trigger_s=each[min(each)],
+        late_trigger_s=each[max(each)],
         bundle_bytes=written,
         dump_dir_bytes=_dir_bytes(osp.join(work, 'nan_dumps')),
         rss_growth_mb=round(grown, 1))
@@ -224,6 +243,9 @@ def main():
     parser.add_argument('--policies', nargs='+', default=['drop', 'skip'])
     parser.add_argument('--window', type=int, default=80)
     parser.add_argument('--bad', type=int, default=20)
+    parser.add_argument('--bad-iters', type=int, nargs='+', default=None,
+                        help='iterations whose batch holds a bad sample '
+                        '(instead of --bad spread over the window)')
     parser.add_argument('--batch', type=int, default=2)
     parser.add_argument('--width', type=int, default=4000)
     args = parser.parse_args()
