@@ -256,13 +256,17 @@ def _is_ours(hook):
 
 def _hooks(runner):
     found = {}
+    # The model itself is pictured once, under its own parts.
+    model = (runner.model, _unwrap(runner.model))
     for index, hook in enumerate(getattr(runner, 'hooks', ())):
         if _is_ours(hook):
             continue
         name = '%d:%s' % (index, type(hook).__name__)
         attrs = {}
         for key, value in vars(hook).items():
-            if isinstance(value, torch.nn.Module):
+            if any(value is m for m in model):
+                attrs[key] = Leaf(('the model', id(value)))
+            elif isinstance(value, torch.nn.Module):
                 inner = _unwrap(value)
                 attrs[key] = dict(_tensors(value), modules=_modules(value),
                                   wraps=id(inner))
