@@ -1,0 +1,339 @@
+"""``torch.compile`` on zoo configs: MMEngine's ``compile`` under
+NanDetectHook.
+
+A child config with ``compile = dict(backend='aot_eager')`` (or ``True``:
+inductor) makes ``Runner._maybe_compile`` compile the model's bound
+``train_step``, ``update_params`` included, before the hook's
+``before_train``; every check, the listener and the whole trigger path are
+reached from inside the compiled frame. The faults are those of
+``test_zoo.py`` (an annotation that declares the image twice as wide as its
+file; an LR blow-up), trained by a real Runner on synthetic data.
+
+All in the full tier (``zoo_full``): compiling the R50 costs a minute or two
+on two cores. ``make test`` has the tiny RetinaNet compiled
+(``tests/test_compile.py``). torch 1.7 (the DOTA leg) has no
+``torch.compile``: there these tests skip, and ``tests/test_compile.py``
+shows that mmengine refuses the key alike with the hook and without it.
+"""
+import copy
+import glob
+import math
+import os
+import os.path as osp
+
+import pytest
+import torch
+from mmengine.runner import FlexibleRunner, Runner
+
+from mmnanhook import NonFiniteError, compat
+from mmnanhook.quarantine import read_quarantine
+from mmnan_testing import compiled, testbed, zoo
+
+pytestmark = [
+    pytest.mark.zoo, pytest.mark.zoo_full, pytest.mark.mmdet,
+    pytest.mark.skipif(
+        not compat.HAS_DYNAMO,
+        reason='torch.compile needs torch >= 2.0; on torch 1.7 (DOTA leg) '
+        'mmengine refuses `compile`, with or without the hook '
+        '(tests/test_compile.py)')
+]
+
+NAME = 'retinanet_r50'
+IMAGES = 4
+# The backend the issue asks for: fast to compile on a CPU, and what it runs
+# is the AOT-traced forward and backward graphs.
+AOT = "compile = dict(backend='aot_eager')"
+THREADS = 2
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get('MMNANHOOK_TEST_THREADS',
+                                             THREADS)))
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    # Each run compiles from nothing: no cache entry of an earlier test's
+    # model (the code objects are the same) is reused or counted.
+    import torch._dynamo
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _bad_data(tmp_path, images=IMAGES):
+    data = zoo.make_zoo_dataset(NAME, str(tmp_path / 'data'),
+                                num_images=images,
+                                defects={1: 'size_mismatch'})
+    bad = osp.join(data['img_dir'], data['defect_images'][0])
+    return data, bad
+
+
+def _runner(data, work_dir, options=None, extra=AOT, length=1, hook=True,
+            probe=None):
+    cfg = zoo.child_config(NAME, data, str(work_dir), length=length,
+                           hook='line' if hook else None,
+                           hook_options=options, extra=extra)
+    cfg.log_level = 'WARNING'
+    runner = Runner.from_cfg(cfg)
+    probe = probe if probe is not None else zoo.BatchFiles()
+    runner.register_hook(probe)
+    return runner, probe
+
+
+def _train_into_error(runner):
+    with pytest.raises(NonFiniteError) as info:
+        runner.train()
+    return info.value
+
+
+# What a diagnosis says of the fault: compiled or not, the same.
+def _findings(report):
+    return dict(
+        kind=report['kind'], module=report['module'], op=report['op'],
+        location=report['location'], code=report['code'],
+        samples=[(s['index'], s['img_path'], s['problems'])
+                 for s in report['samples']],
+        fixes=[(f['kind'], f['fix'], f['status']) for f in report['fixes']],
+        summary=report['summary'])
+
+
+def test_raise_under_compile_diagnoses_as_without_it(tmp_path):
+    data, bad = _bad_data(tmp_path)
+    runner, probe = _runner(data, tmp_path / 'compiled')
+    assert runner.cfg.compile == dict(backend='aot_eager')
+    error = _train_into_error(runner)
+    # The runner did compile the step the hook wrapped.
+    assert compat.compiled_original(
+        vars(runner.model).get('train_step')) is not None
+    bad_iter = [i for i, files in enumerate(probe.files) if bad in files][0]
+    assert error.iter == bad_iter == probe.before[0]
+    # Tier 1 under compile: the weights and optimizer state bitwise those
+    # before the bad step.
+    for name, value in zoo.weights(runner).items():
+        assert torch.equal(value, probe.before[1][name]), name
+    # Tier 2: a bundle, and the report of the eager run.
+    assert error.bundle and osp.isdir(error.bundle)
+    assert osp.isfile(osp.join(error.bundle, 'report.html'))
+    found = _findings(error.report)
+    assert [s[1] for s in found['samples']] == [bad]
+    assert 'delta_xywh_bbox_coder.py' in found['location']
+    assert 'has zero width' in found['summary']
+    assert ('the annotation declares the image 640x320 (width x height) '
+            'but the file is 320x320') in found['summary']
+    assert dict((f[0], f[2]) for f in found['fixes'])['drop_samples'] == \
+        'verified'
+    eager, _ = _runner(data, tmp_path / 'eager', extra=None)
+    assert _findings(_train_into_error(eager).report) == found
+
+
+class _DropProbe(zoo.BatchFiles):
+    """Keeps the batch and the state before and after the iteration whose
+    batch holds ``bad``."""
+
+    def __init__(self, bad):
+        super(_DropProbe, self).__init__()
+        self.bad = bad
+        self.at = None
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        super(_DropProbe, self).before_train_iter(runner, batch_idx,
+                                                  data_batch)
+        if self.bad in self.files[-1]:
+            self.at = dict(
+                iter=runner.iter, batch=data_batch,
+                state=zoo.model_state(runner),
+                optimizer=copy.deepcopy(runner.optim_wrapper.state_dict()))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        super(_DropProbe, self).after_train_iter(runner, batch_idx,
+                                                 data_batch, outputs)
+        if self.at is not None and self.at['iter'] == runner.iter:
+            self.at['after'] = zoo.model_state(runner)
+
+
+def test_drop_under_compile_recomputes_the_step_eagerly(tmp_path):
+    data, bad = _bad_data(tmp_path)
+    probe = _DropProbe(bad)
+    runner, _ = _runner(data, tmp_path / 'drop', dict(policy='drop'),
+                        probe=probe)
+    runner.train()
+    assert runner.iter == len(probe.files) == 2 and probe.at is not None
+    hub = runner.message_hub
+    assert hub.get_scalar('train/samples_dropped').current() == 1
+    assert hub.get_scalar('train/nan_skipped').current() == 0
+    (sample, ) = read_quarantine(
+        osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
+    assert sample.file == bad and sample.source == 'drop'
+    assert 'declares the image 640x320' in sample.reason
+    assert len(os.listdir(osp.join(runner.work_dir, 'nan_dumps'))) == 1
+    # The step applied is the eager step on the other sample alone, from
+    # the same state, by hand, bitwise: the recomputation ran eagerly (and
+    # the compiled forward's BN statistics were put back first).
+    batch = probe.at['batch']
+    keep = [i for i, s in enumerate(batch['data_samples'])
+            if s.metainfo['img_path'] != bad]
+    assert len(keep) == 1
+    model = runner.model
+    assert 'train_step' not in vars(model) or compat.compiled_original(
+        vars(model)['train_step']) is not None
+    model.load_state_dict(probe.at['state'])
+    runner.optim_wrapper.load_state_dict(probe.at['optimizer'])
+    runner.optim_wrapper.zero_grad()
+    data_in = model.data_preprocessor(
+        {'inputs': [batch['inputs'][i] for i in keep],
+         'data_samples': [batch['data_samples'][i] for i in keep]}, True)
+    loss, _ = model.parse_losses(model(**data_in, mode='loss'))
+    runner.optim_wrapper.update_params(loss)
+    after = zoo.model_state(runner)
+    for name, value in probe.at['after'].items():
+        assert torch.equal(after[name], value), name
+
+
+def test_skip_under_compile_finishes_the_epoch(tmp_path):
+    data, _ = _bad_data(tmp_path)
+    runner, probe = _runner(data, tmp_path / 'skip',
+                            dict(policy='skip', replay=False, max_dumps=0))
+    runner.train()
+    assert runner.epoch == 1 and runner.iter == len(probe.files) == 2
+    assert runner.message_hub.get_scalar('train/nan_skipped').current() == 1
+    assert all(torch.isfinite(v).all()
+               for v in zoo.weights(runner).values())
+
+
+def test_rewind_under_compile_goes_back_to_the_snapshot(tmp_path):
+    # test_zoo.py's LR blow-up (lr=20, where the loss rises for a few
+    # iterations, then is non-finite), from iteration 4: good states to
+    # go back to before it.
+    data = zoo.make_zoo_dataset(NAME, str(tmp_path / 'data'), num_images=8)
+    extra = AOT + '\noptim_wrapper = dict(optimizer=dict(lr=0.01))\n' \
+        'param_scheduler = [dict(type=\'MultiStepLR\', by_epoch=False, ' \
+        'begin=0, end=1000, milestones=[4], gamma=2000.0)]'
+    probe = zoo.ZooProbe()
+    states = {}
+
+    class States(zoo.ZooProbe):
+        priority = 'LOWEST'
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None,
+                             outputs=None):
+            states[runner.iter] = zoo.weights(runner)
+
+    runner, _ = _runner(
+        data, tmp_path / 'rewind',
+        # Snapshots after iterations 1, 3, 5, ..., the last three kept
+        # (289 MB each): one before the divergence.
+        dict(policy='rewind', snapshot_interval=2, max_snapshots=3,
+             cooldown=100, lr_factor=1e-3, max_rewinds=3), extra=extra,
+        probe=probe,
+        length=3)
+    runner.register_hook(States())
+    runner.train()
+    hub = runner.message_hub
+    assert hub.get_scalar('train/rewinds').current() >= 1
+    hook = [h for h in runner.hooks if type(h).__name__ == 'NanDetectHook']
+    records = hook[0]._history.records()
+    rewound = [(r['iter'], r['rewind']) for r in records
+               if r.get('rewind') is not None]
+    assert rewound
+    at, to = rewound[0]
+    assert 1 <= to < at and runner.iter == 12
+    # The weights after the rewinding iteration are the snapshot's
+    # (after iter `to`), bitwise.
+    for name, value in states[at].items():
+        assert torch.equal(value, states[to][name]), name
+    assert all(torch.isfinite(v).all()
+               for v in zoo.weights(runner).values())
+
+
+def test_clean_compiled_run_recompiles_no_more_with_the_hook(tmp_path):
+    """8 iterations (the zoo's LinearLR warmup changes the LR each one)."""
+    data = zoo.make_zoo_dataset(NAME, str(tmp_path / 'data'), num_images=16)
+    backend = "compile = dict(backend=%r)" % compiled.counting_backend()
+    counts = {}
+    for hook in (False, True):
+        graphs = compiled.GraphsPerIter()
+        with compiled.dynamo_record() as record:
+            runner, probe = _runner(data, tmp_path / str(hook), extra=backend,
+                                    hook=hook)
+            runner.register_hook(graphs)
+            runner.train()
+        assert runner.iter == 8 and len(graphs.counts) == 8
+        counts[hook] = dict(record, graphs=graphs.counts,
+                            loss=probe.loss)
+    plain, ours = counts[False], counts[True]
+    # Every recompilation with the hook is one the run without it made
+    # (function and place): none is of mmnanhook's making.
+    ours_fns = compiled.recompiled_functions(ours['recompiles'])
+    plain_fns = compiled.recompiled_functions(plain['recompiles'])
+    assert len(ours_fns) <= len(plain_fns), (ours_fns, plain_fns)
+    assert not [f for f in ours_fns if f not in plain_fns], (ours_fns,
+                                                             plain_fns)
+    assert not [m for m in ours['recompiles'] if 'mmnanhook' in m]
+    # The hook's only graph break where it is entered, and no more compiled
+    # graphs per iteration than without it.
+    added = [(r, n) for r, n in ours['graph_breaks'].items()
+             if r not in plain['graph_breaks']]
+    assert all(compiled.DISABLED_BREAK in r for r, _ in added), added
+    assert max(ours['graphs'][1:]) <= min(plain['graphs'][1:])
+    # The same training.
+    assert all(math.isfinite(v) for v in ours['loss'])
+    assert ours['loss'] == pytest.approx(plain['loss'], rel=1e-4)
+
+
+def test_inductor_on_the_tiny_retinanet_diagnoses_the_zero_width_box(
+        tmp_path):
+    """The default backend (inductor, C++ code compiled with gcc) on a
+    small mmdet model."""
+    # VOC keeps the zero-width box (COCO's parser drops it).
+    data = testbed.make_dataset('retinanet_voc', str(tmp_path / 'data'),
+                                num_images=8, defects={3: 'zero_size'})
+    cfg = testbed.tiny_config(
+        'retinanet_voc', data, str(tmp_path / 'work'), max_iters=4,
+        log_level='WARNING')
+    cfg.compile = True
+    cfg.default_hooks.nan_detect = dict(type='mmnanhook.NanDetectHook',
+                                        policy='drop')
+    runner = Runner.from_cfg(cfg)
+    files = zoo.BatchFiles()
+    runner.register_hook(files)
+    runner.train()
+    bad = osp.join(data['img_dir'], data['defect_images'][0])
+    assert runner.iter == 4
+    assert runner.message_hub.get_scalar(
+        'train/samples_dropped').current() == 1
+    (sample, ) = read_quarantine(
+        osp.join(runner.work_dir, 'nan_quarantine.json'), 8)
+    assert sample.file == bad
+    (bundle, ) = glob.glob(osp.join(runner.work_dir, 'nan_dumps', '*'))
+    report = open(osp.join(bundle, 'report.txt')).read()
+    assert 'zero width' in report and 'delta_xywh_bbox_coder.py' in report
+
+
+def test_flexible_runner_compiles_and_the_hook_diagnoses(tmp_path):
+    """FlexibleRunner's strategy compiles ``train_step`` itself
+    (``compile`` -> ``target='train_step'``)."""
+    data, bad = _bad_data(tmp_path)
+    cfg = zoo.child_config(NAME, data, str(tmp_path / 'flex'), length=1,
+                           hook='line', extra=AOT)
+    cfg.log_level = 'WARNING'
+    runner = FlexibleRunner.from_cfg(cfg)
+    # FlexibleRunner.from_cfg (mmengine 0.10.7) does not hand the config's
+    # compile on: what FlexibleRunner(compile=...) sets.
+    assert runner._compile is False
+    runner._compile = dict(backend='aot_eager')
+    probe = zoo.BatchFiles()
+    runner.register_hook(probe)
+    error = _train_into_error(runner)
+    assert compat.compiled_original(
+        vars(runner.model).get('train_step')) is not None
+    assert error.bundle and osp.isdir(error.bundle)
+    assert [s['img_path'] for s in error.report['samples']] == [bad]
+    assert 'delta_xywh_bbox_coder.py' in error.report['location']
+    for name, value in zoo.weights(runner).items():
+        assert torch.equal(value, probe.before[1][name]), name
