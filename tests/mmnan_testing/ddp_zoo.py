@@ -335,6 +335,7 @@ def _yolox(policy, **wrapper):
         runner.register_hook(probe)
         pictures = capture_pictures(runner)
         sizes = _record_input_sizes(runner)
+        raised = _record_raises(runner)
         try:
             runner.train()
         finally:
@@ -358,7 +359,8 @@ def _yolox(policy, **wrapper):
             quarantine=[(s.file, s.indices)
                         for s in read_quarantine(quarantine)]
             if osp.exists(quarantine) else None,
-            input_sizes=sizes, pictures=pictures, memory=_memory(),
+            input_sizes=sizes, raised=raised, pictures=pictures,
+            memory=_memory(),
             bundles=read_bundles(out_dir))
 
     return scenario
@@ -390,6 +392,42 @@ def _memory():
     except (IOError, OSError):
         pass
     return found
+
+
+def _record_raises(runner):
+    """What the detector's ``loss`` raised in the train steps the loop ran
+    (not in mmnanhook's replays; not mmnanhook's own ``PeerForwardFailed``,
+    which a rank's guard raises to stop a forward another rank's failure
+    ended): ``[iter, type, message]`` each."""
+    import sys
+
+    from mmnanhook._mmengine import unwrap_model
+    detector = unwrap_model(runner.model)
+    loss = detector.loss
+    raised = []
+
+    def in_replay():
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if code.co_name == '_incident' and code.co_filename.endswith(
+                    osp.join('mmnanhook', '_run.py')):
+                return True
+            frame = frame.f_back
+        return False
+
+    def recorded(*args, **kwargs):
+        try:
+            return loss(*args, **kwargs)
+        except Exception as exc:
+            if not type(exc).__module__.startswith('mmnanhook') and \
+                    not in_replay():
+                raised.append([runner.iter, type(exc).__name__,
+                               str(exc)[:200]])
+            raise
+
+    detector.loss = recorded
+    return raised
 
 
 def _record_input_sizes(runner):

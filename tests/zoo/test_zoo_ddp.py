@@ -130,6 +130,12 @@ def _yolox(name, tmp_path, policy):
             held = [t for t in tiles.values() if t in files]
             assert held == ([tiles[it]] if rank == 1 and it in tiles
                             else []), (rank, it, files)
+    # Rank 1's forward raised in each tile's iteration (the premise: a
+    # user's nodata image makes SimOTA's binary_cross_entropy raise on
+    # CPU), rank 0's never.
+    assert [r['raised'] for r in results][0] == []
+    assert [it for it, _, _ in results[1]['raised']] == sorted(tiles), \
+        results[1]['raised']
     # The size each iteration left for the next: the same on both ranks
     # (rank 0 draws it, the other receives it); from the synchronising
     # iteration on, a multiple of 32 in the (rescaled) range.
