@@ -4,8 +4,9 @@ among its data preprocessor's batch augments, trained one iteration. The
 checker finds nothing when nothing changed, and finds each change made the
 way a replay would make it: the preprocessor run again at a synchronising
 iteration (its ``_input_size`` and Python's RNG), a train-mode forward (BN
-running statistics), a runtime-info key, a pipeline transform's attribute,
-a hook left on a module, a sampler's epoch, a gradient."""
+running statistics), a runtime-info key, a pipeline transform's attribute, a
+``CachedMosaic``'s cache, a hook left on a module, a sampler's epoch, a
+gradient, a collective function left replaced, anomaly mode left on."""
 import copy
 import random
 
@@ -162,6 +163,28 @@ def test_a_pipeline_transform_and_the_sampler_are_seen(runner):
     assert found and all(d.startswith('data') and "'epoch'" in d
                          for d in found), found
     loader.sampler.set_epoch(epoch)
+
+
+def test_a_cached_mosaic_cache_is_seen(runner):
+    """A ``CachedMosaic`` in the dataset's pipeline: a sample through it
+    (as a replay loading the batch again would send one) grows its cache,
+    which a later composed sample draws from."""
+    from mmdet.datasets.transforms import CachedMosaic
+    dataset = runner.train_dataloader.dataset
+    steps = dataset.pipeline.transforms
+    load = steps[:2]  # LoadImageFromFile, LoadAnnotations
+    mosaic = CachedMosaic(img_scale=(64, 64), max_cached_images=4,
+                          random_pop=False)
+    steps.insert(2, mosaic)
+    try:
+        results = dataset.get_data_info(0)
+        for step in load:
+            results = step(results)
+        found = _changes(runner, lambda: mosaic(copy.deepcopy(results)))
+        assert found and all(d.startswith('data') and 'results_cache' in d
+                             for d in found), found
+    finally:
+        steps.remove(mosaic)
 
 
 def test_a_hook_left_behind_and_a_grad_are_seen(runner):
