@@ -10,11 +10,14 @@ import glob
 import os.path as osp
 
 import pytest
+import torch
 from mmengine.runner import Runner
 
-from mmnanhook import compat
+from mmnanhook import NonFiniteError, compat
+from mmnanhook.diagnosis._incident import COMPILED_NOTE
 from mmnanhook.quarantine import read_quarantine
 from mmnan_testing import compiled, testbed, zoo
+from mmnan_testing.toy import make_runner
 
 IMAGES = 8
 # Image 3 holds a box of zero width: with batches of 2 (no shuffling), the
@@ -101,3 +104,22 @@ def test_compile_is_refused_alike_with_the_hook_on_torch_1_7(tmp_path):
         assert 'update_params' not in vars(runner.optim_wrapper)
     assert errors[True] == errors[False]
     assert 'PyTorch >= 2.0.0 is required' in errors[True]
+
+
+@pytest.mark.zoo_full
+@pytest.mark.skipif(not compat.HAS_DYNAMO or not hasattr(
+    torch.compiler, 'is_compiling'), reason='needs torch.compile (and '
+    'torch.compiler.is_compiling, torch >= 2.3) for a compiled-only fault')
+def test_a_fault_of_the_compiled_code_alone_is_said_to_be_replayed_eagerly(
+        tmp_path):
+    """Full tier (make test's compiled test is the toy's check and bundle).
+    The toy's loss is NaN only where dynamo traces it: the eager replay is
+    finite, and the report says why it may be."""
+    runner = make_runner(
+        tmp_path, faults={6: 'compiled_only'}, hook=dict(type='NanDetectHook'),
+        cfg=dict(compile=dict(backend='eager')))
+    with pytest.raises(NonFiniteError) as info:
+        runner.train()
+    report = info.value.report
+    assert info.value.iter == 3 and report['kind'] == 'not_reproduced'
+    assert COMPILED_NOTE in report['notes']

@@ -24,6 +24,10 @@ from .faults import NanGradient
 
 BATCH = 2
 
+# True while dynamo traces, where torch has it (2.3+); never on older torch.
+_compiling = getattr(getattr(torch, 'compiler', None), 'is_compiling',
+                     lambda: False)
+
 # The wrapper methods the install binds onto the instance.
 BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
 
@@ -61,7 +65,9 @@ class ToyModel(BaseModel):
     Faults: ``nan_term`` (loss_aux NaN), ``inf_target`` (loss_aux inf with
     finite gradients), ``nan_grad`` (NaN gradient of ``head.bias`` only),
     ``huge_grad`` (finite gradients whose float32 norm overflows),
-    ``inplace`` (an in-place write that breaks backward), ``overflow`` /
+    ``inplace`` (an in-place write that breaks backward), ``compiled_only``
+    (loss_aux NaN where torch.compile traces the forward, finite eagerly),
+    ``overflow`` /
     ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
     into NaN: once at scale 2**16, or down to scale 2), ``spike`` (a finite
     loss a thousand times the usual), ``nan_input_raise`` (its NaN input
@@ -106,6 +112,9 @@ class ToyModel(BaseModel):
             target = float('inf')
         loss_aux = (y - target).abs().mean()
         if 'nan_term' in faults:
+            loss_aux = loss_aux * float('nan')
+        if 'compiled_only' in faults and _compiling():
+            # As a backend's miscompilation: only the compiled code makes it.
             loss_aux = loss_aux * float('nan')
         loss_main = y.pow(2).mean()
         if 'huge_grad' in faults:
