@@ -25,7 +25,9 @@ Usage::
 """
 import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
+import collections
 import datetime
+import logging
 import os.path as osp
 import random
 import statistics
@@ -35,6 +37,22 @@ import threading
 
 import _models  # benchmarks/_models.py, next to this script
 import overhead  # benchmarks/overhead.py: the turns, the models
+
+_THREAD = 'mmnan-bench-variant-'
+
+
+class _Recompiles(logging.Handler):
+    """Dynamo's recompilations (``TORCH_LOGS=recompiles``), by variant."""
+
+    def __init__(self):
+        super(_Recompiles, self).__init__(logging.DEBUG)
+        self.counts = collections.Counter()
+
+    def emit(self, record):
+        if (record.getMessage().startswith('Recompiling function')
+                and record.threadName.startswith(_THREAD)):
+            self.counts[int(record.threadName[len(_THREAD):])] += 1
+
 
 VARIANTS = [
     ('plain, compiled', []),
@@ -95,7 +113,10 @@ def _run_model(name, build, iters, warmup, work_root, repeat):
             errors.append(exc)
             turns.fail()
 
-    threads = [threading.Thread(target=train, args=(r, )) for r in runners]
+    # Named by variant: dynamo logs a recompilation in the compiling thread.
+    threads = [threading.Thread(target=train, args=(r, ),
+                                name='%s%d' % (_THREAD, i))
+               for i, r in enumerate(runners)]
     for t in threads:
         t.start()
     for t in threads:
@@ -103,6 +124,16 @@ def _run_model(name, build, iters, warmup, work_root, repeat):
     if errors:
         raise errors[0]
     return [t[warmup:] for t in times], [g[warmup:] for g in graphs]
+
+
+def _recompile_logger():
+    import torch
+    from mmnan_testing.compiled import RECOMPILES_LOGGER
+    torch._logging.set_logs(recompiles=True)
+    logger = logging.getLogger(RECOMPILES_LOGGER)
+    # Counted here, not printed.
+    logger.propagate = False
+    return logger
 
 
 def main(argv=None):
@@ -139,6 +170,7 @@ def main(argv=None):
     import mmnanhook  # noqa: F401 - registers NanDetectHook
     from mmnan_testing.compiled import counting_backend
     backend = counting_backend(args.backend)
+    logger = _recompile_logger()
     models = _models.select(MODELS, args.models, lambda m: m[2])
     work_root = args.work_dir or tempfile.mkdtemp(prefix='mmnan_bench_')
     print('# mmnanhook overhead under torch.compile (backend %r), %s' %
@@ -149,15 +181,22 @@ def main(argv=None):
           (args.repeats, args.iters, args.warmup))
     print('# ratio: median over repeats of the median over iterations of '
           't_variant / t_plain [min, max over repeats]; graphs: compiled '
-          'graphs run per timed iteration [min, max]\n')
-    print('| model | variant | median s/iter | ratio to plain | graphs/iter |')
-    print('| --- | --- | --- | --- | --- |')
+          'graphs run per timed iteration [min, max]; recompilations: '
+          'dynamo\'s, over each repeat\'s whole run (warm-up included; a '
+          'later repeat reuses what dynamo learnt of the shapes)\n')
+    print('| model | variant | median s/iter | ratio to plain | graphs/iter '
+          '| recompilations (each repeat) |')
+    print('| --- | --- | --- | --- | --- | --- |')
     for name, title, _, build in models:
-        runs = [
-            _run_model(name, _compiled(build, backend), args.iters,
-                       args.warmup, work_root, repeat)
-            for repeat in range(args.repeats)
-        ]
+        runs, recompiles = [], []
+        for repeat in range(args.repeats):
+            watch = _Recompiles()
+            logger.addHandler(watch)
+            runs.append(_run_model(name, _compiled(build, backend),
+                                   args.iters, args.warmup, work_root,
+                                   repeat))
+            logger.removeHandler(watch)
+            recompiles.append(watch.counts)
         for index, (label, _) in enumerate(VARIANTS):
             ratios = [
                 statistics.median(a / b for a, b in zip(t[index], t[0]))
@@ -168,9 +207,10 @@ def main(argv=None):
                                         min(ratios), max(ratios))
             seconds = statistics.median(x for t, _ in runs for x in t[index])
             counts = [c for _, g in runs for c in g[index]]
-            print('| %s | %s | %.4f | %s | %d [%d, %d] |' % (
+            print('| %s | %s | %.4f | %s | %d [%d, %d] | %s |' % (
                 title, label, seconds, ratio, statistics.median(counts),
-                min(counts), max(counts)))
+                min(counts), max(counts),
+                ', '.join(str(r[index]) for r in recompiles)))
         sys.stdout.flush()
     return 0
 
