@@ -123,3 +123,23 @@ def test_a_fault_of_the_compiled_code_alone_is_said_to_be_replayed_eagerly(
     report = info.value.report
     assert info.value.iter == 3 and report['kind'] == 'not_reproduced'
     assert COMPILED_NOTE in report['notes']
+
+
+@pytest.mark.zoo_full
+@pytest.mark.skipif(not compat.HAS_DYNAMO,
+                    reason='torch.compile needs torch >= 2.0')
+def test_warn_under_compile_diagnoses_and_steps_as_mmengine_would(tmp_path):
+    """Full tier (the other policies under compile: the zoo R50,
+    tests/zoo/test_zoo_compile.py)."""
+    runner = make_runner(
+        tmp_path, faults={6: 'nan_term'},
+        hook=dict(type='NanDetectHook', policy='warn'),
+        cfg=dict(compile=dict(backend='eager')))
+    runner.train()
+    assert runner.iter == 4
+    (bundle, ) = glob.glob(osp.join(runner.work_dir, 'nan_dumps', '*'))
+    with open(osp.join(bundle, 'report.txt')) as f:
+        assert 'mmnan_testing/toy.py' in f.read()
+    # Applied: the NaN gradients reached the weights.
+    assert not all(bool(torch.isfinite(p).all())
+                   for p in runner.model.parameters())
