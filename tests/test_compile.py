@@ -2,16 +2,20 @@
 
 ``compile`` in a config makes ``Runner._maybe_compile`` compile the model's
 bound ``train_step`` (``update_params`` and so every binding of ours
-included) before the hook's ``before_train``. The zoo R50 under every
-policy, inductor, FlexibleRunner and the recompilations of a clean run are
-in ``tests/zoo/test_zoo_compile.py`` (full tier).
+included) before the hook's ``before_train``. Here: the tiny RetinaNet
+under ``'drop'``, the recompilations of a clean run, FlexibleRunner, and on
+the toy ``'warn'`` and a fault of the compiled code alone; the zoo R50 under
+every policy and inductor are in ``tests/zoo/test_zoo_compile.py``. All in
+the full tier but the DOTA leg's refusal: make test's compiled run is the
+toy's (``tests/sentinel/test_schedulers_and_guard.py``).
 """
 import glob
+import math
 import os.path as osp
 
 import pytest
 import torch
-from mmengine.runner import Runner
+from mmengine.runner import FlexibleRunner, Runner
 
 from mmnanhook import NonFiniteError, compat
 from mmnanhook.diagnosis._incident import COMPILED_NOTE
@@ -143,3 +147,77 @@ def test_warn_under_compile_diagnoses_and_steps_as_mmengine_would(tmp_path):
     # Applied: the NaN gradients reached the weights.
     assert not all(bool(torch.isfinite(p).all())
                    for p in runner.model.parameters())
+
+
+@pytest.mark.mmdet
+@pytest.mark.zoo_full
+@pytest.mark.skipif(not compat.HAS_DYNAMO,
+                    reason='torch.compile needs torch >= 2.0')
+def test_clean_compiled_run_recompiles_no_more_with_the_hook(tmp_path):
+    """Full tier (two compiled runs). 8 iterations of the tiny RetinaNet,
+    whose LinearLR warmup changes the LR in the first 4."""
+    data = testbed.make_dataset('retinanet', str(tmp_path / 'data'),
+                                num_images=16)
+    backend = compiled.counting_backend()
+    counts = {}
+    for hook in (False, True):
+        cfg = testbed.tiny_config('retinanet', data,
+                                  str(tmp_path / str(hook)), max_iters=8,
+                                  log_level='WARNING')
+        cfg.compile = dict(backend=backend)
+        if hook:
+            cfg.default_hooks.nan_detect = dict(
+                type='mmnanhook.NanDetectHook')
+        graphs, probe = compiled.GraphsPerIter(), zoo.ZooProbe()
+        with compiled.dynamo_record() as record:
+            runner = Runner.from_cfg(cfg)
+            runner.register_hook(graphs)
+            runner.register_hook(probe)
+            runner.train()
+        assert runner.iter == 8 and len(graphs.counts) == 8
+        counts[hook] = dict(record, graphs=graphs.counts, loss=probe.loss)
+    plain, ours = counts[False], counts[True]
+    # Every recompilation with the hook is one the run without it made
+    # (function and place): none is of mmnanhook's making.
+    ours_fns = compiled.recompiled_functions(ours['recompiles'])
+    plain_fns = compiled.recompiled_functions(plain['recompiles'])
+    assert len(ours_fns) <= len(plain_fns), (ours_fns, plain_fns)
+    assert not [f for f in ours_fns if f not in plain_fns], (ours_fns,
+                                                             plain_fns)
+    assert not [m for m in ours['recompiles'] if 'mmnanhook' in m]
+    # The hook's only graph-break site is where it is entered; no more
+    # compiled graphs per iteration than without it.
+    added = [r for r in ours['graph_breaks'] if r not in plain['graph_breaks']]
+    assert all(compiled.DISABLED_BREAK in r for r in added), added
+    assert max(ours['graphs'][1:]) <= min(plain['graphs'][1:])
+    # The same training.
+    assert all(math.isfinite(v) for v in ours['loss'])
+    assert ours['loss'] == pytest.approx(plain['loss'], rel=1e-4)
+
+
+@pytest.mark.mmdet
+@pytest.mark.zoo_full
+@pytest.mark.skipif(not compat.HAS_DYNAMO,
+                    reason='torch.compile needs torch >= 2.0')
+def test_flexible_runner_compiles_and_the_hook_diagnoses(tmp_path):
+    """Full tier. FlexibleRunner's strategy compiles ``train_step`` itself
+    (``compile`` -> ``target='train_step'``)."""
+    cfg, bad = _config(tmp_path, None)
+    cfg.default_hooks.nan_detect = dict(type='mmnanhook.NanDetectHook')
+    runner = FlexibleRunner.from_cfg(cfg)
+    # FlexibleRunner.from_cfg (mmengine 0.10.7) does not hand the config's
+    # compile on: what FlexibleRunner(compile=...) sets.
+    assert runner._compile is False
+    runner._compile = dict(backend='aot_eager')
+    files = zoo.BatchFiles()
+    runner.register_hook(files)
+    with pytest.raises(NonFiniteError) as info:
+        runner.train()
+    error = info.value
+    assert compat.compiled_original(
+        vars(runner.model).get('train_step')) is not None
+    assert error.bundle and osp.isdir(error.bundle)
+    assert [s['img_path'] for s in error.report['samples']] == [bad]
+    assert 'delta_xywh_bbox_coder.py' in error.report['location']
+    for name, value in zoo.weights(runner).items():
+        assert torch.equal(value, files.before[1][name]), name
