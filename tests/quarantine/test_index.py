@@ -279,6 +279,21 @@ def test_the_quarantine_the_guard_and_the_diagnosis_share_one_index(
     assert index.searched and index.builds == 0
 
 
+@pytest.mark.parametrize('size', ['small', 'large'])
+def test_many_files_are_looked_up_in_the_index(size):
+    # A reviewed list of many files: searched up to MANY_FILES, then the
+    # walk (begun at before_train for a large dataset, else here) serves.
+    count = BACKGROUND_FROM if size == 'large' else 2 * _index.MANY_FILES
+    dataset = InfoDataset([objects365_path(i) for i in range(count)])
+    prepare_index(dataset)
+    index = sample_index(dataset)
+    for i in range(_index.MANY_FILES):
+        assert index.indices(objects365_path(i)) == [i]
+    assert index.nbytes == 0 or size == 'large'
+    assert index.indices(objects365_path(count - 1)) == [count - 1]
+    assert index.builds == 1 and index.nbytes == 12 * count
+
+
 # A dataset whose walk takes seconds (1.7 M in the benchmark).
 LARGE = 1000000
 # The samples trained on: the dataset's last 12, a batch of 2 (6
