@@ -1,4 +1,5 @@
-"""What the benchmarks share: which of their models can run here."""
+"""What the benchmarks share: which of their models can run here, and the
+options every one of them takes to choose them."""
 import importlib
 
 
@@ -35,3 +36,21 @@ def select(models, wanted, modules_of):
         raise SystemExit('none of the requested models can run here (mmdet '
                          '/ mmrotate with compiled mmcv ops are needed)')
     return chosen
+
+
+def model_arguments(parser, models):
+    """Add ``--models`` (keys of ``models``), ``--threads`` and
+    ``--work-dir`` to ``parser``."""
+    parser.add_argument('--models', nargs='+', choices=[m[0] for m in models],
+                        help='default: every model whose packages import')
+    parser.add_argument('--threads', type=int,
+                        help="torch intra-op threads (default: torch's "
+                        'choice); 1 gives the steadiest timings')
+    parser.add_argument('--work-dir', help='default: a temporary directory')
+
+
+def set_threads(args):
+    """Apply ``--threads`` (:func:`model_arguments`)."""
+    if args.threads is not None:
+        import torch
+        torch.set_num_threads(args.threads)

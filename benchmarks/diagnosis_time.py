@@ -227,12 +227,7 @@ def main(argv=None):
                         '(default 3)')
     parser.add_argument('--repeats', type=int, default=3,
                         help='fresh runs per model (default 3)')
-    parser.add_argument('--models', nargs='+', choices=[m[0] for m in MODELS],
-                        help='default: every model whose packages import')
-    parser.add_argument('--threads', type=int,
-                        help="torch intra-op threads (default: torch's "
-                        'choice)')
-    parser.add_argument('--work-dir', help='default: a temporary directory')
+    _models.model_arguments(parser, MODELS)
     parser.add_argument('--policy', choices=('raise', 'drop'),
                         default='raise',
                         help="NanDetectHook's policy (default 'raise'; "
@@ -243,8 +238,7 @@ def main(argv=None):
         parser.error('need --clean-iters >= 1, --repeats >= 1 and '
                      '0 <= --warmup < --clean-iters')
     import torch
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    _models.set_threads(args)
 
     import mmnanhook  # noqa: F401 - registers NanDetectHook
     models = _models.select(MODELS, args.models, lambda m: m[3])

@@ -188,12 +188,25 @@ def _timing_hooks(turns, index, times):
     return [start, End()]
 
 
-def _run_model(name, build, iters, warmup, work_root, repeat, variants):
+def _run_model(name, build, iters, warmup, work_root, repeat, variants,
+               probe=None, thread_name='runner'):
+    """Train one runner per variant, in turns, one iteration each.
+
+    Args:
+        probe (callable, optional): ``index -> Hook``: what else each
+            runner's iterations are measured by, registered after its timing
+            hooks (it counts while the runner holds its turn).
+        thread_name (str): Each runner's thread is this and its variant's
+            index (dynamo names the compiling thread in what it logs).
+
+    Returns:
+        list[list[float]]: The timed iterations' seconds, per variant.
+    """
     from mmengine.runner import Runner
 
     turns = _Turns(len(variants))
     times = [[] for _ in variants]
-    runners = []
+    runners = [None] * len(variants)
     # Built in a different order each repeat: where a runner's memory lands
     # shifts its speed by a percent or two, whatever variant it runs.
     build_order = list(range(len(variants)))
@@ -207,7 +220,9 @@ def _run_model(name, build, iters, warmup, work_root, repeat, variants):
         runner = Runner.from_cfg(cfg)
         for hook in _timing_hooks(turns, index, times[index]):
             runner.register_hook(hook)
-        runners.append(runner)
+        if probe is not None:
+            runner.register_hook(probe(index))
+        runners[index] = runner
     errors = []
 
     def train(runner):
@@ -217,7 +232,9 @@ def _run_model(name, build, iters, warmup, work_root, repeat, variants):
             errors.append(exc)
             turns.fail()
 
-    threads = [threading.Thread(target=train, args=(r, )) for r in runners]
+    threads = [threading.Thread(target=train, args=(r, ),
+                                name='%s%d' % (thread_name, i))
+               for i, r in enumerate(runners)]
     for t in threads:
         t.start()
     for t in threads:
@@ -244,22 +261,14 @@ def main(argv=None):
                         help='fresh sets of runners (default 3)')
     parser.add_argument('--warmup', type=int, default=5,
                         help='untimed first iterations (default 5)')
-    parser.add_argument('--models', nargs='+',
-                        choices=[m[0] for m in MODELS],
-                        help='default: every model whose packages import')
     parser.add_argument('--variants', nargs='+', type=int,
                         help='indices into the variant list (default all; '
                         'plain and its copy always run)')
-    parser.add_argument('--threads', type=int,
-                        help='torch intra-op threads (default: torch\'s '
-                        'choice); 1 gives the steadiest timings')
-    parser.add_argument('--work-dir', help='default: a temporary directory')
+    _models.model_arguments(parser, MODELS)
     args = parser.parse_args(argv)
     if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error('--iters and --repeats must be >= 1, --warmup >= 0')
-    if args.threads is not None:
-        import torch
-        torch.set_num_threads(args.threads)
+    _models.set_threads(args)
 
     import mmnanhook  # noqa: F401 - registers NanDetectHook
     models = _models.select(MODELS, args.models, lambda m: m[2])

@@ -28,12 +28,9 @@ import argparse
 import collections
 import datetime
 import logging
-import os.path as osp
-import random
 import statistics
 import sys
 import tempfile
-import threading
 
 import _models  # benchmarks/_models.py, next to this script
 import overhead  # benchmarks/overhead.py: the turns, the models
@@ -79,51 +76,13 @@ def _run_model(name, build, iters, warmup, work_root, repeat):
     Returns:
         tuple: The timed iterations' seconds and graph counts, per variant.
     """
-    from mmengine.runner import Runner
     from mmnan_testing.compiled import GraphsPerIter
 
-    turns = overhead._Turns(len(VARIANTS))
-    times = [[] for _ in VARIANTS]
-    graphs = []
-    runners = [None] * len(VARIANTS)
-    order = list(range(len(VARIANTS)))
-    random.Random(repeat).shuffle(order)
-    for index in order:
-        cfg = build(osp.join(work_root, name, str(repeat), str(index)),
-                    osp.join(work_root, name, 'data'), warmup + iters)
-        cfg.default_hooks.logger = dict(type='LoggerHook', interval=50)
-        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + list(
-            VARIANTS[index][1])
-        runner = Runner.from_cfg(cfg)
-        # Registered after overhead's Start (same priority): counted while
-        # the runner holds its turn.
-        for hook in overhead._timing_hooks(turns, index, times[index]):
-            runner.register_hook(hook)
-        runners[index] = runner
-    for runner in runners:
-        counter = GraphsPerIter()
-        runner.register_hook(counter)
-        graphs.append(counter.counts)
-    errors = []
-
-    def train(runner):
-        try:
-            runner.train()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-            turns.fail()
-
-    # Named by variant: dynamo logs a recompilation in the compiling thread.
-    threads = [threading.Thread(target=train, args=(r, ),
-                                name='%s%d' % (_THREAD, i))
-               for i, r in enumerate(runners)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return [t[warmup:] for t in times], [g[warmup:] for g in graphs]
+    counters = [GraphsPerIter() for _ in VARIANTS]
+    times = overhead._run_model(name, build, iters, warmup, work_root, repeat,
+                                VARIANTS, probe=counters.__getitem__,
+                                thread_name=_THREAD)
+    return times, [c.counts[warmup:] for c in counters]
 
 
 def _recompile_logger():
@@ -148,19 +107,12 @@ def main(argv=None):
     parser.add_argument('--backend', default='inductor',
                         help="torch.compile backend (default 'inductor'; "
                         "'aot_eager' compiles in seconds)")
-    parser.add_argument('--models', nargs='+', choices=[m[0] for m in MODELS],
-                        help='default: every model whose packages import')
-    parser.add_argument('--threads', type=int,
-                        help='torch intra-op threads (default: torch\'s '
-                        'choice); 1 gives the steadiest timings')
-    parser.add_argument('--work-dir', help='default: a temporary directory')
+    _models.model_arguments(parser, MODELS)
     args = parser.parse_args(argv)
     if args.iters < 1 or args.repeats < 1 or args.warmup < 0:
         parser.error('--iters and --repeats must be >= 1, --warmup >= 0')
-    import torch
     import torch._dynamo
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    _models.set_threads(args)
     # Three runners compile the same code objects (one entry per model
     # instance, and a few recompiles each on the detectors' dynamic shapes):
     # dynamo's default limit of 8 would leave the last ones eager.
