@@ -19,7 +19,6 @@ from mmengine.runner import FlexibleRunner, Runner
 
 from mmnanhook import NonFiniteError, compat
 from mmnanhook.diagnosis._incident import COMPILED_NOTE
-from mmnanhook.quarantine import read_quarantine
 from mmnan_testing import compiled, testbed, zoo
 from mmnan_testing.toy import make_runner
 
@@ -64,12 +63,7 @@ def test_compiled_train_step_keeps_the_diagnosis_drop_and_quarantine(
                                                                     True]
     # The listener ran, replayed eagerly, named the sample: dropped and
     # quarantined, one bundle.
-    hub = runner.message_hub
-    assert hub.get_scalar('train/samples_dropped').current() == 1
-    assert hub.get_scalar('train/nan_skipped').current() == 0
-    (sample, ) = read_quarantine(
-        osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
-    assert sample.file == bad and sample.source == 'drop'
+    sample = zoo.dropped_alone(runner, bad, IMAGES)
     assert 'zero width' in sample.reason
     log = zoo_log(runner)
     assert 'the NaN listener failed' not in log

@@ -406,6 +406,86 @@ class BatchFiles(ZooProbe):
         self.epochs.append(runner.epoch)
 
 
+class DropProbe(BatchFiles):
+    """Also keeps the batch, and the state before and after (parameters and
+    buffers) and the optimizer state before, of the iteration whose batch
+    holds ``bad``.
+
+    Args:
+        bad (str): The image file.
+    """
+
+    def __init__(self, bad):
+        super(DropProbe, self).__init__()
+        self.bad = bad
+        self.at = None
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        super(DropProbe, self).before_train_iter(runner, batch_idx,
+                                                 data_batch)
+        if self.bad in self.files[-1]:
+            self.at = dict(
+                iter=runner.iter, batch=data_batch,
+                state=model_state(runner),
+                optimizer=copy.deepcopy(runner.optim_wrapper.state_dict()))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None,
+                         outputs=None):
+        super(DropProbe, self).after_train_iter(runner, batch_idx,
+                                                data_batch, outputs)
+        if self.at is not None and self.at['iter'] == runner.iter:
+            self.at['after'] = model_state(runner)
+
+
+def step_by_hand(runner, probe, bad):
+    """The step of ``probe``'s iteration by hand, on its batch without
+    ``bad`` (one sample left), from the state before it (weights, BN
+    buffers, optimizer state and LR), through the run's own model and optim
+    wrapper (its clip_grad included), which training left without
+    mmnanhook's bindings.
+
+    Args:
+        probe (DropProbe): What the run kept of that iteration.
+
+    Returns:
+        dict: The model state after it (:func:`model_state`).
+    """
+    batch = probe.at['batch']
+    keep = [i for i, s in enumerate(batch['data_samples'])
+            if s.metainfo['img_path'] != bad]
+    assert len(keep) == 1
+    model = runner.model
+    model.load_state_dict(probe.at['state'])
+    runner.optim_wrapper.load_state_dict(probe.at['optimizer'])
+    runner.optim_wrapper.zero_grad()
+    data_in = model.data_preprocessor(
+        {'inputs': [batch['inputs'][i] for i in keep],
+         'data_samples': [batch['data_samples'][i] for i in keep]}, True)
+    loss, _ = model.parse_losses(model(**data_in, mode='loss'))
+    runner.optim_wrapper.update_params(loss)
+    return model_state(runner)
+
+
+def dropped_alone(runner, bad, images):
+    """Assert that ``bad`` is the one sample the run dropped (no step
+    skipped) and quarantined.
+
+    Args:
+        images (int): The train dataset's size.
+
+    Returns:
+        QuarantinedSample: Its entry.
+    """
+    from mmnanhook.quarantine import read_quarantine
+    hub = runner.message_hub
+    assert hub.get_scalar('train/samples_dropped').current() == 1
+    assert hub.get_scalar('train/nan_skipped').current() == 0
+    (sample, ) = read_quarantine(
+        osp.join(runner.work_dir, 'nan_quarantine.json'), images)
+    assert sample.file == bad and sample.source == 'drop'
+    return sample
+
+
 def runner_with_files(cfg, hook=None):
     """A ``Runner`` built from ``cfg`` with a :class:`BatchFiles` probe.
 

@@ -10,7 +10,6 @@ an image twice as wide as its file (``Resize`` clips a box to zero width,
 the box coder takes ``log(0)``), a collinear DOTA polygon, or an LR blow-up
 without warmup.
 """
-import copy
 import functools
 import glob
 import math
@@ -413,49 +412,13 @@ def test_lr_blowup_of_the_zoo_retinanet_is_a_divergence(tmp_path):
     assert "policy='rewind'" in fix['detail']
 
 
-class _DropProbe(zoo.BatchFiles):
-    """Also keeps the batch, and the state before and after (parameters and
-    buffers), of the iteration whose batch holds ``bad``."""
-
-    def __init__(self, bad):
-        super().__init__()
-        self.bad = bad
-        self.at = None
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        super().before_train_iter(runner, batch_idx, data_batch)
-        if self.bad in self.files[-1]:
-            self.at = dict(
-                iter=runner.iter, batch=data_batch,
-                state=zoo.model_state(runner),
-                optimizer=copy.deepcopy(runner.optim_wrapper.state_dict()))
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
-        super().after_train_iter(runner, batch_idx, data_batch, outputs)
-        if self.at is not None and self.at['iter'] == runner.iter:
-            self.at['after'] = zoo.model_state(runner)
-
-
 def _assert_dropped_by_hand(runner, probe, bad):
     """The update the run applied is that step by hand on the other sample
     alone, from the same state (weights, BN buffers, optimizer state and
     LR), through the run's own optim wrapper (its clip_grad included),
     which training left without mmnanhook's bindings."""
-    batch = probe.at['batch']
-    keep = [i for i, s in enumerate(batch['data_samples'])
-            if s.metainfo['img_path'] != bad]
-    assert len(keep) == 1
-    model = runner.model
-    model.load_state_dict(probe.at['state'])
-    runner.optim_wrapper.load_state_dict(probe.at['optimizer'])
-    runner.optim_wrapper.zero_grad()
-    data_in = model.data_preprocessor(
-        {'inputs': [batch['inputs'][i] for i in keep],
-         'data_samples': [batch['data_samples'][i] for i in keep]}, True)
-    loss, _ = model.parse_losses(model(**data_in, mode='loss'))
-    runner.optim_wrapper.update_params(loss)
-    _assert_equal(zoo.model_state(runner), probe.at['after'], 'state')
+    _assert_equal(zoo.step_by_hand(runner, probe, bad), probe.at['after'],
+                  'state')
 
 
 @pytest.fixture(scope='module')
@@ -475,7 +438,7 @@ def drop_run(tmp_path_factory):
     assert cfg.train_dataloader.num_workers == 2
     assert cfg.train_dataloader.persistent_workers
     runner = Runner.from_cfg(cfg)
-    probe = _DropProbe(bad)
+    probe = zoo.DropProbe(bad)
     runner.register_hook(probe)
     before = torch.get_num_threads()
     threads = _zoo_threads()
@@ -568,15 +531,10 @@ def test_drop_on_the_rotated_retinanet_leaves_out_the_collinear_polygon(
     cfg = zoo.child_config(name, data, str(tmp_path / 'drop'), length=1,
                            hook='line', hook_options=dict(policy='drop'))
     runner = Runner.from_cfg(cfg)
-    probe = _DropProbe(bad)
+    probe = zoo.DropProbe(bad)
     runner.register_hook(probe)
     runner.train()
     assert runner.iter == len(probe.files) == 2 and probe.at is not None
     # The step of the bad batch was applied on the other image alone.
     _assert_dropped_by_hand(runner, probe, bad)
-    hub = runner.message_hub
-    assert hub.get_scalar('train/samples_dropped').current() == 1
-    assert hub.get_scalar('train/nan_skipped').current() == 0
-    (sample, ) = read_quarantine(
-        osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
-    assert sample.file == bad and sample.source == 'drop'
+    sample = zoo.dropped_alone(runner, bad, IMAGES)

@@ -15,7 +15,6 @@ toy's are in ``tests/test_compile.py``. torch 1.7 (the DOTA leg) has no
 ``torch.compile``: there these tests skip, and ``tests/test_compile.py``
 shows that mmengine refuses the key alike with the hook and without it.
 """
-import copy
 import glob
 import math
 import os
@@ -131,66 +130,23 @@ def test_raise_under_compile_diagnoses_as_without_it(tmp_path):
     assert _findings(_train_into_error(eager).report) == found
 
 
-class _DropProbe(zoo.BatchFiles):
-    """Keeps the batch and the state before and after the iteration whose
-    batch holds ``bad``."""
-
-    def __init__(self, bad):
-        super(_DropProbe, self).__init__()
-        self.bad = bad
-        self.at = None
-
-    def before_train_iter(self, runner, batch_idx, data_batch=None):
-        super(_DropProbe, self).before_train_iter(runner, batch_idx,
-                                                  data_batch)
-        if self.bad in self.files[-1]:
-            self.at = dict(
-                iter=runner.iter, batch=data_batch,
-                state=zoo.model_state(runner),
-                optimizer=copy.deepcopy(runner.optim_wrapper.state_dict()))
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
-        super(_DropProbe, self).after_train_iter(runner, batch_idx,
-                                                 data_batch, outputs)
-        if self.at is not None and self.at['iter'] == runner.iter:
-            self.at['after'] = zoo.model_state(runner)
-
-
 def test_drop_under_compile_recomputes_the_step_eagerly(tmp_path):
     data, bad = _bad_data(tmp_path)
-    probe = _DropProbe(bad)
+    probe = zoo.DropProbe(bad)
     runner, _ = _runner(data, tmp_path / 'drop', dict(policy='drop'),
                         probe=probe)
     runner.train()
     assert runner.iter == len(probe.files) == 2 and probe.at is not None
-    hub = runner.message_hub
-    assert hub.get_scalar('train/samples_dropped').current() == 1
-    assert hub.get_scalar('train/nan_skipped').current() == 0
-    (sample, ) = read_quarantine(
-        osp.join(runner.work_dir, 'nan_quarantine.json'), IMAGES)
-    assert sample.file == bad and sample.source == 'drop'
+    sample = zoo.dropped_alone(runner, bad, IMAGES)
     assert 'declares the image 640x320' in sample.reason
     assert len(os.listdir(osp.join(runner.work_dir, 'nan_dumps'))) == 1
     # The step applied is the eager step on the other sample alone, from
     # the same state, by hand, bitwise: the recomputation ran eagerly (and
     # the compiled forward's BN statistics were put back first).
-    batch = probe.at['batch']
-    keep = [i for i, s in enumerate(batch['data_samples'])
-            if s.metainfo['img_path'] != bad]
-    assert len(keep) == 1
     model = runner.model
     assert 'train_step' not in vars(model) or compat.compiled_original(
         vars(model)['train_step']) is not None
-    model.load_state_dict(probe.at['state'])
-    runner.optim_wrapper.load_state_dict(probe.at['optimizer'])
-    runner.optim_wrapper.zero_grad()
-    data_in = model.data_preprocessor(
-        {'inputs': [batch['inputs'][i] for i in keep],
-         'data_samples': [batch['data_samples'][i] for i in keep]}, True)
-    loss, _ = model.parse_losses(model(**data_in, mode='loss'))
-    runner.optim_wrapper.update_params(loss)
-    after = zoo.model_state(runner)
+    after = zoo.step_by_hand(runner, probe, bad)
     for name, value in probe.at['after'].items():
         assert torch.equal(after[name], value), name
 
