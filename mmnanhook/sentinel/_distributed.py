@@ -502,7 +502,14 @@ class ForwardGuard(object):
         remaining = []
         if (own and self._calls and self._done < self._voted_from
                 and self._backwards() == self._first):
-            remaining = self._record[self._done:self._voted_from]
+            end = self._voted_from
+            if not self._waited:
+                # The others vote before the step's first entry that waits
+                # (the entries so far were DDP's forward, which did not):
+                # this rank votes with them from its handler.
+                end = next((i for i in range(self._done, end)
+                            if self._waits(self._record[i])), end)
+            remaining = self._record[self._done:end]
         self._raised, self._voted_from = True, 0
         for name, args, kwargs in remaining:
             call = self._real.get(name) or self._hidden[name]
@@ -549,6 +556,14 @@ class ForwardGuard(object):
             return result
 
         return guarded
+
+    def _waits(self, signature):
+        """Whether the recorded entry ``signature`` waits on the other ranks
+        in this step: every collective, and DDP's forward where it
+        broadcasts the buffers or may rebuild its buckets."""
+        name, args, _ = signature
+        return name != 'ddp_forward' or args[0] or (
+            not self._rebuilt and self._backwards() > 0)
 
     def _ddp_forward(self, ddp):
         """DDP's forward starts: recorded as one collective, every step, so

@@ -9,6 +9,8 @@ Scenarios:
   from C++) and a data preprocessor that raises on rank 1's NaN sample in
   iteration :data:`PRE_ITER`, before DDP's forward: rank 0 must not wait
   in that broadcast for a rank that votes; ``'skip'``.
+* ``raise_before_reduce``: rank 1's loss raises before its ``reduce_mean``
+  in a step whose DDP forward made no collective.
 * ``code_fault``: the same preprocessor raises on rank 1's finite data
   (a fault of the code): every rank ends at once, with that error named.
 * ``sync_skip`` / ``sync_drop``: a data preprocessor that, like mmdet's
@@ -169,7 +171,19 @@ def _sync(policy):
     return scenario
 
 
+def _raise_before_reduce(out_dir):
+    """Rank 1's loss raises in iteration :data:`PRE_ITER` before the
+    ``reduce_mean`` that rank 0 then calls, the first collective of the
+    step that waits (DDP's forward, recorded before it, does not: no
+    buffers, the buckets rebuilt): rank 0 votes there, so rank 1 must not
+    call it; 'skip'."""
+    from .toy import ToyNormalizedModel
+    return _drop_run(out_dir, {PRE_SAMPLE: 'nan_input_raise'},
+                     ToyNormalizedModel, policy='skip', check_by_hand=False)
+
+
 SCENARIOS = dict(buffers_preprocess=_buffers_preprocess,
+                 raise_before_reduce=_raise_before_reduce,
                  code_fault=_code_fault,
                  sync_skip=_sync('skip'), sync_drop=_sync('drop'))
 

@@ -12,7 +12,8 @@ from mmnan_testing.ddp_hidden import SYNC_ITER
 
 pytestmark = pytest.mark.ddp
 
-SCENARIOS = ['buffers_preprocess', 'code_fault', 'sync_skip', 'sync_drop']
+SCENARIOS = ['buffers_preprocess', 'raise_before_reduce', 'code_fault',
+             'sync_skip', 'sync_drop']
 
 
 @pytest.fixture(scope='module')
@@ -32,6 +33,18 @@ def test_a_preprocessor_raising_before_ddps_buffer_broadcast_hangs_no_rank(
     assert ranks[0]['weights'] == ranks[1]['weights']
     assert all(r['finite'] for r in ranks)
     assert all(r['iter'] == 4 for r in ranks)
+
+
+def test_a_raise_before_the_first_collective_that_waits_is_voted_on(runs):
+    """DDP's forward is recorded first in every step but waits for no rank
+    here: rank 0 votes before the loss's ``reduce_mean``, the step's first
+    entry that waits, and rank 1, whose loss raised before it, votes with
+    it instead of calling it (both would wait for ever)."""
+    results, log = runs
+    ranks = results['raise_before_reduce']
+    assert [r['skipped'] for r in ranks] == [1, 1], log[-3000:]
+    assert ranks[0]['weights'] == ranks[1]['weights']
+    assert all(r['finite'] and r['iter'] == 4 for r in ranks)
 
 
 def test_a_fault_of_the_code_on_one_rank_ends_every_rank_naming_it(runs):
