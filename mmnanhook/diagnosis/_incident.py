@@ -220,7 +220,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     path = None
     # The pictures run the data preprocessor in training mode: as a replay
     # (on this rank alone, from the failing iteration's RNG and attributes).
-    with (replays or contextlib.nullcontext)(), preserved_rng():
+    alone = (replays or contextlib.nullcontext)()
+    with alone, preserved_rng():
         restore_rng(rng_state)
         if start_attributes is not None:
             start_attributes.restore()
