@@ -211,13 +211,33 @@ def _retinanet_drop(out_dir):
         replays=replays, bundles=read_bundles(out_dir))
 
 
+def _outcome(runner, rank, probe, out_dir, **more):
+    """What a scenario's rank reports of its run (with ``more``): where it
+    ended, its batches, its weights' digest, what it skipped, dropped and
+    quarantined, the bundles."""
+    from mmnanhook.quarantine import read_quarantine
+    hub = runner.message_hub
+    quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
+    dropped = hub.get_scalar('train/samples_dropped') \
+        if 'train/samples_dropped' in hub.log_scalars else None
+    return dict(
+        rank=rank, epoch=runner.epoch, iter=runner.iter,
+        files=probe.files, hooks=probe.hooks,
+        digest=_digest(runner), finite=_finite(runner),
+        samples_dropped=int(dropped.current()) if dropped else 0,
+        skipped=int(hub.get_scalar('train/nan_skipped').current()),
+        quarantine=[(s.file, s.indices)
+                    for s in read_quarantine(quarantine)]
+        if osp.exists(quarantine) else None,
+        bundles=read_bundles(out_dir), **more)
+
+
 def _rtmdet(policy, **options):
 
     def scenario(out_dir):
         from mmengine.dist import get_rank
         from mmengine.runner import Runner
 
-        from mmnanhook.quarantine import read_quarantine
         from .nodata import register_nodata_transforms
         from .syncbn import use_cpu_syncbn
         torch.set_num_threads(1)
@@ -240,24 +260,12 @@ def _rtmdet(policy, **options):
         replays = capture_replays(runner)
         pictures = capture_pictures(runner)
         runner.train()
-        hub = runner.message_hub
-        quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
-        dropped = hub.get_scalar('train/samples_dropped') \
-            if 'train/samples_dropped' in hub.log_scalars else None
-        return dict(
-            rank=rank, epoch=runner.epoch, iter=runner.iter,
-            files=probe.files, hooks=probe.hooks,
+        return _outcome(
+            runner, rank, probe, out_dir,
             tiles=[osp.join(data['img_dir'], t) for t in tiles],
-            digest=_digest(runner), finite=_finite(runner),
             syncbn=sum(type(m).__name__ == 'CpuSyncBatchNorm'
                        for m in runner.model.modules()),
-            samples_dropped=int(dropped.current()) if dropped else 0,
-            skipped=int(hub.get_scalar('train/nan_skipped').current()),
-            quarantine=[(s.file, s.indices)
-                        for s in read_quarantine(quarantine)]
-            if osp.exists(quarantine) else None,
-            replays=replays, pictures=pictures,
-            bundles=read_bundles(out_dir))
+            replays=replays, pictures=pictures)
 
     return scenario
 
@@ -323,8 +331,6 @@ def _yolox(policy, **wrapper):
     def scenario(out_dir):
         from mmengine.dist import get_rank
         from mmengine.runner import Runner
-
-        from mmnanhook.quarantine import read_quarantine
         torch.set_num_threads(1)
         _bound_memory()
         rank = get_rank()
@@ -343,25 +349,13 @@ def _yolox(policy, **wrapper):
             with open(osp.join(out_dir, 'pictures%d.json' % rank),
                       'w') as f:
                 json.dump(pictures, f, indent=1)
-        hub = runner.message_hub
-        quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
-        dropped = hub.get_scalar('train/samples_dropped') \
-            if 'train/samples_dropped' in hub.log_scalars else None
-        return dict(
-            rank=rank, epoch=runner.epoch, iter=runner.iter,
-            files=probe.files, hooks=probe.hooks,
+        return _outcome(
+            runner, rank, probe, out_dir,
             tiles=dict((str(k), osp.join(data['img_dir'],
                                          data['images'][i]))
                        for k, i in YOLOX_TILES.items()),
-            digest=_digest(runner), finite=_finite(runner),
-            samples_dropped=int(dropped.current()) if dropped else 0,
-            skipped=int(hub.get_scalar('train/nan_skipped').current()),
-            quarantine=[(s.file, s.indices)
-                        for s in read_quarantine(quarantine)]
-            if osp.exists(quarantine) else None,
             input_sizes=sizes, raised=raised, pictures=pictures,
-            memory=_memory(),
-            bundles=read_bundles(out_dir))
+            memory=_memory())
 
     return scenario
 
