@@ -371,8 +371,8 @@ class ForwardGuard(object):
     A vote is a host round trip: one before every collective would cost
     mmdet's DINO 26 a step (a ``reduce_mean`` per loss term and decoder
     layer). The guard votes before the first collective of a step, and
-    records each collective the step calls (:func:`collective_signature`, a list
-    append): the same model in the same mode calls the same ones every
+    records each collective the step calls (:func:`collective_signature`, a
+    list append): the same model in the same mode calls the same ones every
     step. A rank whose forward raises after that vote first calls the
     others' remaining collectives, up to their next vote, as the last step
     recorded them, with zeros (:meth:`abandon`): they go on with garbage to
@@ -414,7 +414,7 @@ class ForwardGuard(object):
         # raised on no rank, before its first backward.
         self._record = None
         # This step's so far, how many of them returned, and what each
-        # returned (:func:`collective_outputs`): a replay of the step is answered
+        # returned (collective_outputs): a replay of the step is answered
         # with it.
         self._calls = []
         self._done = 0
@@ -522,8 +522,8 @@ class ForwardGuard(object):
     def step_collectives(self):
         """The collectives this train step's first forward called so far,
         each with what it returned: ``[(signature, outputs)]``
-        (:func:`collective_signature`; :func:`collective_outputs`), for replays of the step
-        (:func:`~mmnanhook.diagnosis.local_replays`)."""
+        (:func:`collective_signature`; :func:`collective_outputs`), for
+        replays of the step (:func:`~mmnanhook.diagnosis.local_replays`)."""
         return list(zip(self._calls, self._results))
 
     def communicates(self, modules):
