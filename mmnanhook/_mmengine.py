@@ -29,13 +29,15 @@ def wrapped_datasets(dataset):
         queue.extend(getattr(node, 'datasets', None) or [])
 
 
-def compiles(runner):
-    """Whether ``runner`` compiles the model with ``torch.compile``: the
-    config's ``compile`` (``Runner._maybe_compile``), or FlexibleRunner's
-    ``compile`` argument; ``True`` or a dict of options (an empty one
-    too), not ``None`` or ``False``."""
+def compile_options(runner):
+    """The ``torch.compile`` options ``runner`` compiles the model with, or
+    ``None``: the config's ``compile`` (``Runner._maybe_compile``), or
+    FlexibleRunner's ``compile`` argument; ``True`` is no options (an empty
+    dict), ``None`` and ``False`` are no compile."""
     value = getattr(runner, '_compile', None)
     if value is None:
         cfg = getattr(runner, 'cfg', None)
         value = cfg.get('compile', None) if cfg is not None else None
-    return value is not None and value is not False
+    if value is None or value is False:
+        return None
+    return {} if value is True else dict(value)

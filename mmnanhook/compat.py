@@ -438,3 +438,12 @@ def ddp_forward_collectives(ddp, buffers):
     if buffers:
         sync = getattr(ddp, '_sync_buffers', None) or ddp._sync_params
         sync()
+
+
+def compiled_forward(model, options):
+    """``model.forward`` through ``torch.compile(**options)`` (the options a
+    run compiled its train_step with), or ``None`` where torch has no
+    ``compile`` (< 2.0)."""
+    if not HAS_DYNAMO:
+        return None
+    return torch.compile(model.forward, **options)

@@ -497,6 +497,7 @@ _REPORT_FIELDS = (
     ('largest_param', None),
     ('amp_dtype', None),
     ('replays_agree', None),
+    ('compiled_agrees', None),
     ('ranks', list),
     ('local_modules', list),
     ('config_findings', list),
@@ -533,6 +534,10 @@ class Report(object):
         replays_agree (bool, optional): For a failure the replay did not
             reproduce: whether a second replay was finite too (``False``: a
             fault that comes and goes).
+        compiled_agrees (bool, optional): For a compiled run's failure the
+            eager replay did not reproduce: whether the replay through the
+            compiled forward was finite too (``False``: the compiled code's
+            fault alone).
         summary (str), hints (list[str]), notes (list[str]),
         traceback (str, optional): What the report says.
         losses, nonfinite_losses, grad_norm, nonfinite_grads,

@@ -112,7 +112,8 @@ def test_a_fault_of_the_compiled_code_alone_is_said_to_be_replayed_eagerly(
         tmp_path):
     """Full tier (make test's compiled test is the toy's check and bundle).
     The toy's loss is NaN only where dynamo traces it: the eager replay is
-    finite, and the report says why it may be."""
+    finite, and the report says why it may be; the replay through the
+    compiled forward is not finite, and the report says so."""
     runner = make_runner(
         tmp_path, faults={6: 'compiled_only'}, hook=dict(type='NanDetectHook'),
         cfg=dict(compile=dict(backend='eager')))
@@ -121,6 +122,9 @@ def test_a_fault_of_the_compiled_code_alone_is_said_to_be_replayed_eagerly(
     report = info.value.report
     assert info.value.iter == 3 and report['kind'] == 'not_reproduced'
     assert COMPILED_NOTE in report['notes']
+    assert report['compiled_agrees'] is False
+    assert any('the fault is made by the compiled code alone' in note and
+               "backend='eager'" in note for note in report['notes'])
 
 
 @pytest.mark.zoo_full

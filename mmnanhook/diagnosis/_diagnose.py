@@ -28,6 +28,7 @@ import time
 import torch
 
 from .. import compat
+from .._patch import patched
 from .._log import log as _log
 from ..records import SampleFinding
 from ..report import finalize, new_report
@@ -113,6 +114,34 @@ def _replay_again(session, report, log):
         'hardware)'.format(what))
 
 
+def _replay_compiled(session, report, options, log):
+    """A compiled run's failure that the eager replay did not make: the
+    iteration replayed once more through the model's forward compiled with
+    the run's options (its backward is the compiled one's too). Non-finite
+    there: the fault is the compiled code's alone (a backend's kernels or
+    fusions), which the eager replays cannot locate."""
+    compiled = compat.compiled_forward(session.model, options)
+    if compiled is None:
+        return
+    log('mmnanhook: the eager replay is finite; replaying through the '
+        'compiled forward')
+    with patched(session.model, 'forward', compiled):
+        again = session.run()
+    report.compiled_agrees = not (again.nonfinite or again.error is not None)
+    if report.compiled_agrees:
+        return
+    if again.error is not None:
+        what = 'it raised {}'.format(again.error['type'])
+    else:
+        what = ', '.join(again.nonfinite_losses) or 'gradients'
+    report.notes.append(
+        'replayed through the forward compiled as the run compiles it '
+        '(torch.compile({})), the iteration is not finite ({}) where the '
+        'eager replays are: the fault is made by the compiled code alone'
+        .format(', '.join('{}={!r}'.format(k, v)
+                          for k, v in sorted(options.items())), what))
+
+
 def _locate_forward(session, report, producer, quiet):
     """Trace the producer's call line by line for the exact source line
     (not inside the ``quiet`` submodule calls, seen finite)."""
@@ -139,7 +168,7 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
              angle_range=None, check_samples=True, optimizer_state=None,
              logger=None, anomaly=True, declared=None, pipeline=None,
              sources=None, retry=True, drop_refused=None, composed=None,
-             start_attributes=None):
+             start_attributes=None, compiled=None):
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -183,6 +212,10 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             model's modules as they were before the failing forward (the
             data preprocessor's: ``BatchSyncRandomResize`` resizes by the
             size it kept): put back before every replay, as the RNG states.
+        compiled (dict, optional): The ``torch.compile`` options of a run
+            that compiles its train step: a failure the eager replays do
+            not make is replayed once more through the compiled forward
+            (``report.compiled_agrees``).
 
     Returns:
         Report: The diagnosis, its ``kind`` a
@@ -250,6 +283,9 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
                                              check_samples, log)]
         elif main.error is None and retry:
             _replay_again(session, report, log)
+        if compiled is not None and main.error is None and \
+                not main.nonfinite:
+            _replay_compiled(session, report, compiled, log)
         elif main.error is not None and main.error['phase'] == 'forward':
             report.samples = nonfinite_data(samples)
         report.kind = classify(report, main)

@@ -15,7 +15,7 @@ import torch
 from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
 
 from .._log import log
-from .._mmengine import compiles, unwrap_model
+from .._mmengine import compile_options, unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       REPORT_TEXT, RNG, STATE_FROM, StatePlan, bundle_name,
                       render_manifest, sample_image_name, sample_info_name,
@@ -184,7 +184,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     drop_refused=drop_unavailable(
                         len(members(runner.optim_wrapper))),
                     composed=functools.partial(
-                        trace_parts, dataset=runner.train_dataloader.dataset))
+                        trace_parts, dataset=runner.train_dataloader.dataset),
+                    compiled=compile_options(runner))
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logging.ERROR)
@@ -193,7 +194,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     type(error).__name__, error))
     else:
         report = _unreplayed_report('no replay (replay=False)')
-    if compiles(runner) and report.kind == 'not_reproduced':
+    if compile_options(runner) is not None and \
+            report.kind == 'not_reproduced':
         report.notes.append(COMPILED_NOTE)
     if divergence is None:
         divergence = weight_evidence(history_records, report.largest_param,
