@@ -97,17 +97,23 @@ def _compare_fp32(session, report):
     return replay
 
 
+def _failed(replay):
+    """How a replay of an iteration that replayed finite once failed (it
+    raised, or which losses were not finite), or ``None``: finite again."""
+    if replay.error is not None:
+        return 'it raised {}'.format(replay.error['type'])
+    if replay.nonfinite:
+        return ', '.join(replay.nonfinite_losses) or 'gradients'
+    return None
+
+
 def _replay_again(session, report, log):
     """A finite replay, tried once more: does the failure come and go?"""
     log('mmnanhook: the replay is finite; replaying once more')
-    again = session.run()
-    report.replays_agree = not (again.nonfinite or again.error is not None)
+    what = _failed(session.run())
+    report.replays_agree = what is None
     if report.replays_agree:
         return
-    if again.error is not None:
-        what = 'it raised {}'.format(again.error['type'])
-    else:
-        what = ', '.join(again.nonfinite_losses) or 'gradients'
     report.notes.append(
         'the second replay of the same iteration was not finite ({}): a '
         'fault that comes and goes (nondeterministic kernels, a race, '
@@ -126,14 +132,10 @@ def _replay_compiled(session, report, options, log):
     log('mmnanhook: the eager replay is finite; replaying through the '
         'compiled forward')
     with patched(session.model, 'forward', compiled):
-        again = session.run()
-    report.compiled_agrees = not (again.nonfinite or again.error is not None)
+        what = _failed(session.run())
+    report.compiled_agrees = what is None
     if report.compiled_agrees:
         return
-    if again.error is not None:
-        what = 'it raised {}'.format(again.error['type'])
-    else:
-        what = ', '.join(again.nonfinite_losses) or 'gradients'
     report.notes.append(
         'replayed through the forward compiled as the run compiles it '
         '(torch.compile({})), the iteration is not finite ({}) where the '
