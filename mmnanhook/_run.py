@@ -192,12 +192,12 @@ class HookRun(object):
         """Keep what a trigger in this train iteration needs to replay it:
         the batch (by reference: ``train_step`` does not mutate it), its
         RNG states and, when a step may be left out, the buffers."""
-        model = unwrap_model(self.runner.model)
         attributes = self.memory.preprocessor_attributes()
         if self.policy.leaves_steps_out:
             # Before the first micro-step since the last update step (a
             # resumed one's too), and before this one (a forward taken again
             # under accumulation).
+            model = unwrap_model(self.runner.model)
             self.micro_buffers = ForwardStart(
                 BufferSnapshot(model), attributes) if self.memory else None
             if not self.memory:
