@@ -1,4 +1,7 @@
 """Exceptions raised by mmnanhook."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
 
 
 class NonFiniteError(FloatingPointError):
@@ -15,13 +18,16 @@ class NonFiniteError(FloatingPointError):
         report (dict, optional): The tier-2 diagnosis, when one ran.
     """
 
-    def __init__(self, message, trigger, iter=None, rank=0, bad_ranks=None,
-                 bundle=None, report=None):
+    def __init__(self, message: str, trigger: str,
+                 iter: Optional[int] = None, rank: int = 0,
+                 bad_ranks: Optional[Sequence[int]] = None,
+                 bundle: Optional[str] = None,
+                 report: Optional[dict] = None) -> None:
         super().__init__(message)
         self.trigger = trigger
         self.iter = iter
         self.rank = rank
-        self.bad_ranks = list(bad_ranks or [])
+        self.bad_ranks: List[int] = list(bad_ranks or [])
         self.bundle = bundle
         self.report = report
 
@@ -52,7 +58,7 @@ class PeerForwardFailed(RuntimeError):
         ranks (list[int]): The ranks whose forward raised.
     """
 
-    def __init__(self, ranks):
+    def __init__(self, ranks: Sequence[int]) -> None:
         self.ranks = list(ranks)
         super(PeerForwardFailed, self).__init__(
             'the forward raised on rank(s) %s' %
@@ -71,6 +77,6 @@ class RankTimeoutError(RuntimeError):
             told.
     """
 
-    def __init__(self, message, ranks):
+    def __init__(self, message: str, ranks: Sequence[int]) -> None:
         super(RankTimeoutError, self).__init__(message)
         self.ranks = list(ranks)

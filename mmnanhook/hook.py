@@ -2,30 +2,32 @@
 
 ``default_hooks = dict(nan_detect=dict(type='mmnanhook.NanDetectHook'))`` is
 all a config needs. The hook is a thin adapter over MMEngine's lifecycle: in
-``before_train`` it makes the run's :class:`~mmnanhook._run.HookRun` (which
+``before_train`` it makes the run's :class:`~mmnanhook.run.HookRun`, which
 binds the checks of :mod:`mmnanhook.sentinel` onto the optim wrapper the
-runner built, after the param schedulers wrapped its ``step``) and wraps the
+runner built (after the param schedulers wrapped its ``step``) and wraps the
 model's ``train_step`` (anomaly mode around exactly the train iteration, the
 bypass guard around the update) and ``parse_losses`` (so a trigger can name
-the loss term); all of it is undone in ``after_train`` or when a train step
-raises.
+the loss term); the run undoes all of it in ``after_train`` or when a train
+step raises. The sentinels talk to the run; nothing passes through here.
 """
+from __future__ import annotations
+
 import functools
+from typing import Optional
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
 
 from . import compat
-from ._mmengine import unwrap_model
 from ._patch import set_attribute
-from ._run import HookRun
 from .doctor import check_run_config
 from .options import HookOptions
-from .sentinel import History, Listener, loss_terms
+from .run import HookRun
+from .sentinel import History
 
 
 @HOOKS.register_module()
-class NanDetectHook(Hook, Listener):
+class NanDetectHook(Hook):
     """Stop every non-finite loss or gradient before the optimizer step.
 
     Args:
@@ -122,51 +124,45 @@ class NanDetectHook(Hook, Listener):
 
     priority = 'ABOVE_NORMAL'
 
-    def __init__(self, **options):
+    def __init__(self, **options) -> None:
         self.options = HookOptions.build(**options)
         # Kept across runs: a bundle's history, and what a user reads after.
         self._history = History(maxlen=self.options.history)
-        # What before_train changed: undone by _restore.
-        self._patches = []
-        # The run's state, from before_train until the run ends.
-        self._run = None
+        # The run's state, from before_train until the run ends, and how to
+        # put the model's train_step back.
+        self._run: Optional[HookRun] = None
+        self._restore = None
 
     # -- lifecycle ---------------------------------------------------------
 
-    def before_train(self, runner):
-        self._restore()
+    def before_train(self, runner) -> None:
+        self._end_run()
         findings = check_run_config(runner, self.options.doctor)
-        self._run = HookRun(self.options, runner, self, self._history,
-                            findings)
-        model = runner.model
-        self._patch(model, 'train_step',
-                    self._wrap_train_step(model.train_step))
-        module = unwrap_model(model)
-        self._patch(module, 'parse_losses',
-                    self._wrap_parse_losses(module.parse_losses))
+        self._run = HookRun(self.options, runner, self._history, findings)
+        # Instance attribute only: the class (shared with other runners and
+        # models) is never touched.
+        self._restore = set_attribute(
+            runner.model, 'train_step',
+            self._wrap_train_step(runner.model.train_step))
 
-    def after_train(self, runner):
-        self._restore()
+    def after_train(self, runner) -> None:
+        self._end_run()
 
-    def before_val(self, runner):
+    def before_val(self, runner) -> None:
         # Before any hook's before_val_epoch: EMAHook swaps the weights in
         # place there.
         if self._run is not None:
             self._run.settle()
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs: Optional[dict] = None) -> None:
         if self._run is not None:
             self._run.after_iter(outputs)
 
-    def _patch(self, obj, name, func):
-        # Instance attributes only: the class (shared with other runners and
-        # models) is never touched.
-        self._patches.append(set_attribute(obj, name, func))
-
-    def _restore(self):
-        while self._patches:
-            self._patches.pop()()
+    def _end_run(self):
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
         run, self._run = self._run, None
         if run is not None:
             run.close()
@@ -179,38 +175,10 @@ class NanDetectHook(Hook, Listener):
                 return self._run.train_step(train_step, args, kwargs)
             except BaseException:
                 # The loop ends here: nothing calls after_train.
-                self._restore()
+                self._end_run()
                 raise
 
         # Runner._maybe_compile compiled train_step before this wraps it:
         # the compiled step runs inside; this stays out of any graph should
         # something compile the model's train_step later.
         return compat.not_traced(nan_detect_train_step)
-
-    def _wrap_parse_losses(self, parse_losses):
-
-        @functools.wraps(parse_losses)
-        def nan_detect_parse_losses(*args, **kwargs):
-            loss, log_vars = parse_losses(*args, **kwargs)
-            self._run.parsed_losses(loss, loss_terms(log_vars))
-            return loss, log_vars
-
-        # Called from inside a compiled train_step.
-        return compat.not_traced(nan_detect_parse_losses)
-
-    # -- the Listener of the optim wrappers' sentinels: the run answers ----
-
-    def loss_terms(self, loss):
-        return self._run.loss_terms(loss)
-
-    def on_step(self, outcome):
-        self._run.on_step(outcome)
-
-    def on_resolved(self, applied):
-        self._run.on_resolved(applied)
-
-    def on_spike(self, spikes):
-        self._run.on_spike(spikes)
-
-    def on_nonfinite(self, event):
-        return self._run.on_nonfinite(event)

@@ -5,6 +5,8 @@ options from here, so a bad value fails at build time with the same message
 naming the option, whichever way it was configured. Each option's default is
 written once, as its dataclass field's.
 """
+from __future__ import annotations
+
 import dataclasses
 import math
 import os
@@ -164,21 +166,6 @@ class CheckOptions(object):
 
     take = classmethod(_take)
 
-    def needs_hook(self):
-        """Why only ``NanDetectHook`` can apply these options, or ``None``:
-        what a self-checking optim wrapper refuses at build time."""
-        if 'rewind' in (self.policy, self.spike_policy):
-            return ("policy/spike_policy 'rewind' needs NanDetectHook, which "
-                    'keeps the snapshots to go back to; configure the hook')
-        if self.policy == 'drop':
-            # Without the hook's replay no sample is singled out: the step
-            # would only be skipped, BN statistics and all.
-            return ("policy 'drop' needs NanDetectHook, which replays the "
-                    'batch to find the samples to leave out and quarantines '
-                    "them; configure the hook with policy='drop', or give "
-                    "the optim wrapper policy='skip'")
-        return None
-
 
 @dataclasses.dataclass(frozen=True)
 class RewindOptions(object):
@@ -261,11 +248,6 @@ class QuarantineOptions(object):
 
     take = classmethod(_take)
 
-    def used_by(self, policy):
-        """Whether a run under ``policy`` keeps a quarantine."""
-        return policy == 'drop' or self.quarantine_skips or \
-            self.quarantine is not None
-
 
 # What the config rules' findings do at before_train.
 DOCTOR_CHOICES = ('warn', 'raise', None)
@@ -319,7 +301,7 @@ class HookOptions(object):
         check_choice('doctor', self.doctor, DOCTOR_CHOICES)
 
     @classmethod
-    def build(cls, **kwargs):
+    def build(cls, **kwargs) -> HookOptions:
         """The options from a hook config's keyword arguments.
 
         Raises:

@@ -455,11 +455,11 @@ class Fix(object):
 
 
 def verified_fix(fixes):
-    """The verified fix to act on first, of ``report.json``'s ``fixes``:
-    one that verifies a hint (the most specific hint first), else the first
-    verified; ``None`` when none is."""
-    verified = [f for f in fixes or [] if f.get('status') == 'verified']
-    verified.sort(key=lambda f: (f.get('hint') is None, f.get('hint') or 0))
+    """The verified :class:`Fix` to act on first: one that verifies a hint
+    (the most specific hint first), else the first verified; ``None`` when
+    none is."""
+    verified = [f for f in fixes or [] if f.status == 'verified']
+    verified.sort(key=lambda f: (f.hint is None, f.hint or 0))
     return verified[0] if verified else None
 
 
@@ -572,6 +572,11 @@ class Report(object):
     @kind.setter
     def kind(self, value):
         self._kind = None if value is None else Kind(value)
+
+    def verified_fix(self):
+        """The verified :class:`Fix` to act on first, or ``None``
+        (:func:`verified_fix`)."""
+        return verified_fix(self.fixes)
 
     def to_dict(self):
         """``report.json``'s content (floats as they are; the bundle writer

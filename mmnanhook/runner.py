@@ -8,6 +8,9 @@ a hook next to a zoo config can therefore only use a key the zoo does not:
 mmseg honour (``RUNNERS.build(cfg)``). This runner is MMEngine's ``Runner``
 plus one ``NanDetectHook`` built from the config's ``nan_detect`` options.
 """
+from __future__ import annotations
+
+from mmengine.config import Config
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -26,7 +29,7 @@ class NanDetectRunner(Runner):
     """
 
     @classmethod
-    def from_cfg(cls, cfg):
+    def from_cfg(cls, cfg: Config) -> Runner:
         runner = super(NanDetectRunner, cls).from_cfg(cfg)
         if not any(isinstance(h, NanDetectHook) for h in runner.hooks):
             runner.register_hook(

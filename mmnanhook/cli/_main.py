@@ -5,12 +5,15 @@ bad samples or ``doctor`` found anything, 2 bad input (one line on stderr, no
 traceback), 3 ``replay`` came out finite, 130 ``scan`` interrupted (Ctrl-C
 or SIGTERM; its progress kept for ``--resume``).
 """
+from __future__ import annotations
+
 import argparse
 import json
 import logging
 import os
 import signal
 import sys
+from typing import List, Optional
 
 from .. import compat
 from ..errors import BundleError
@@ -341,7 +344,7 @@ def build_parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``mmnan``; returns the process exit code.
 
     Args:
@@ -360,7 +363,7 @@ def main(argv=None):
         return _bad_input(args.command, error)
 
 
-def run():
+def run() -> None:
     """The ``mmnan`` process: :func:`main`, then the exit (see
     :func:`mmnanhook.compat.exit_process`)."""
     compat.exit_process(main())

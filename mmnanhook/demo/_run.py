@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 from ..errors import NonFiniteError
-from ..records import verified_fix
+from ..records import Report
 from ._tiny import make_dataset, tiny_config
 
 # dota? -> (tiny config, defect planted, how that defect reaches the loss)
@@ -132,10 +132,10 @@ def run_demo(dota=False, work_dir=None):
              'optimizer step:'.format(error.iter))
         report = error.report or {}
         _say('   ' + (report.get('summary') or str(error).splitlines()[-1]))
-        fix = verified_fix(report.get('fixes'))
+        fix = Report.from_dict(report).verified_fix()
         if fix is not None:
             _say('   verified fix (the failing iteration replayed with it is '
-                 'finite): ' + fix['fix'])
+                 'finite): ' + fix.fix)
         if error.bundle:
             _where_it_is(error, runner)
         return 0

@@ -2,7 +2,7 @@
 
 * :mod:`._diagnose`: :func:`diagnose`, the order of the replays.
 * :mod:`._session`: one replay of the failing iteration, and what it found.
-* :mod:`._forward`, :mod:`._backward`: instrumentation as context managers
+* :mod:`._producer`, :mod:`._backward`: instrumentation as context managers
   that always remove what they installed (module forwards, the line
   tracer; anomaly mode, autograd-node hooks).
 * :mod:`._classify`: the kind of the failure and its location.
@@ -24,6 +24,7 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
 from ._diagnose import diagnose
 from ._divergence import (apply_divergence, divergence_evidence,
                           evidence_before)
+from ._in_run import diagnose_in_run
 from ._incident import Incident, default_dump_dir, handle_incident
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
@@ -37,7 +38,8 @@ __all__ = [
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
     'communicating_modules', 'divergence_evidence', 'declared_size',
     'evidence_before', 'filter_advice',
-    'declared_sizes', 'default_dump_dir', 'diagnose', 'handle_incident',
+    'declared_sizes', 'default_dump_dir', 'diagnose', 'diagnose_in_run',
+    'handle_incident',
     'Incident', 'iter_tensors',
     'largest_param', 'local_replays', 'locate_micro_step', 'preserved_run',
     'split_batch',

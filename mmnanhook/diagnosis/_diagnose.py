@@ -35,7 +35,7 @@ from ..report import finalize, new_report
 from ._classify import classify, fill_location
 from ._data import batch_size, check_batch, nonfinite_data, split_batch
 from ._fixes import verify_fixes
-from ._forward import ForwardWatch, LineLocator
+from ._producer import ForwardWatch, LineLocator
 from ._session import ReplaySession, device_type, display_name, \
     forward_detail
 from ._state import PreservedModelState, preserved_rng

@@ -1,13 +1,15 @@
-"""What the listener of a trigger answers the sentinel that asked it."""
+"""What the carrying out of a trigger's plan found, before its decision."""
+from __future__ import annotations
+
 import dataclasses
 from typing import Any, Optional, Tuple
 
-from ..records import RankFinding, Report, verified_fix
+from ..records import RankFinding, Report
 
 
 @dataclasses.dataclass(frozen=True)
 class Answer(object):
-    """What the listener did and found about one trigger.
+    """What the carrying out of one trigger's plan did and found.
 
     Args:
         bundle (str, optional): The bundle written for it.
@@ -15,9 +17,7 @@ class Answer(object):
         summary (str, optional): The diagnosis in one paragraph (the
             report's, by default).
         drop (DropPlan, optional): The step to recompute without samples
-            (``'drop'``), prepared by the listener.
-        escalate (str, optional): Why training must stop whatever the policy
-            (a rewind that could not go back).
+            (``'drop'``), prepared for the plan.
         findings (tuple[RankFinding], optional): Under DDP, every rank's
             finding of a trigger every rank saw.
     """
@@ -26,30 +26,26 @@ class Answer(object):
     report: Optional[Report] = None
     summary: Optional[str] = None
     drop: Any = None
-    escalate: Optional[str] = None
     findings: Optional[Tuple[RankFinding, ...]] = None
 
-    def __post_init__(self):
-        if self.summary is None and self.report is not None:
-            object.__setattr__(self, 'summary', self.report.summary)
-
-    def text(self):
+    def text(self) -> str:
         """What the answer adds to an error message."""
         lines = []
-        if self.summary:
-            lines.append(self.summary)
+        summary = self.summary or (self.report.summary
+                                   if self.report is not None else None)
+        if summary:
+            lines.append(summary)
         # Under DDP every rank stops naming what stopped them all.
         lines.extend("rank %d's forward raised %s" % (f.rank, f.error)
                      for f in self.findings or () if f.error)
-        fix = verified_fix([f.to_dict() for f in self.report.fixes]
-                           if self.report is not None else None)
+        fix = self.report.verified_fix() if self.report is not None else None
         if fix is not None:
             # The one line a user acts on: proven on the failing iteration.
-            lines.append('verified fix: %s' % fix['fix'])
+            lines.append('verified fix: %s' % fix.fix)
         if self.bundle:
             lines.append('bundle: %s' % self.bundle)
         return '\n'.join(lines)
 
-    def report_dict(self):
+    def report_dict(self) -> Optional[dict]:
         """``report.json``'s content, as an error carries it, or ``None``."""
         return self.report.to_dict() if self.report is not None else None

@@ -24,192 +24,169 @@ policy      a non-finite update step        a forward that raised on
 
 A spike (a finite loss or gradient norm far above its band) follows
 ``spike_policy`` the same way, diagnosed only when it stops or rewinds
-training. ``skip``, ``rewind`` and ``drop`` raise once ``max_skips``
-consecutive update steps were left out; an answer that escalates (a rewind
-with no snapshot to go back to) raises whatever the policy. A forward that
-raised for any other reason (its diagnosis finds no non-finite value)
-propagates unchanged, the diagnosis attached.
-"""
-import dataclasses
-import enum
-import logging
+training. The fallbacks and limits, each a row of :meth:`Policy.plan`:
 
-from ..errors import NonFiniteError
+* ``rewind`` with nothing diverged before the trigger (a single bad batch)
+  skips; with a divergence but no snapshot old enough, the ranks holding
+  different ones, or ``max_rewinds`` consecutive rewinds already made, it
+  raises;
+* ``drop`` skips when no sample can be singled out (no replay, a single
+  sample, every sample failing alone, a failure not about samples, several
+  optimizers, a DDP rank that cannot take part without samples or cannot
+  prepare its part) and when the recomputation raises or triggers again;
+* ``skip``, ``rewind`` and ``drop`` raise once ``max_skips`` consecutive
+  update steps were left out;
+* a forward that raised for any reason but non-finite values (its diagnosis
+  finds none, on some rank it raised on) propagates unchanged, the diagnosis
+  attached; one that ran out of memory, or any under ``replay=False``,
+  propagates untouched (a replay would fail the same way);
+* an exception raised in backward propagates whatever the policy, the
+  diagnosis attached;
+* ``skip`` and ``rewind`` also quarantine the samples of a data diagnosis
+  under ``quarantine_skips``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from ..options import CheckOptions, RewindOptions
 from ..records import Trigger
-from ._samples import raised_by_nonfinite, received
+from ._plan import Action, Circumstances, Plan
 
 # The policies that leave a triggering update step unapplied.
 _LEAVE_OUT = ('skip', 'rewind', 'drop')
 
 
-class Action(enum.Enum):
-    """What the carrier of a decision does with the step."""
-
-    APPLY = 'apply'  #: apply it as MMEngine would have (``'warn'``)
-    SKIP = 'skip'  #: leave it out: gradients zeroed, ``train/nan_skipped``
-    DROP = 'drop'  #: recompute it without the answer's samples
-    RAISE = 'raise'  #: raise :class:`~mmnanhook.NonFiniteError`
-    PROPAGATE = 'propagate'  #: let the forward's own exception go on
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision(object):
-    """What a trigger leads to.
-
-    Args:
-        action (Action): What the carrier does.
-        message (str): The event's message with what the answer adds (the
-            diagnosis, the verified fix, the bundle, why it escalates): the
-            error's text.
-    """
-
-    action: Action
-    message: str
-
-    def error(self, event, answer):
-        """The :class:`~mmnanhook.NonFiniteError` of ``Action.RAISE``."""
-        return NonFiniteError(
-            self.message, event.trigger.value, iter=event.iter,
-            rank=event.rank, bad_ranks=event.bad_ranks, bundle=answer.bundle,
-            report=answer.report_dict())
-
-
 class Policy(object):
-    """The policies of one run, asked by tier 1 and by the hook's run.
+    """The policies of one run: what it keeps ready, and the plan of each
+    trigger.
 
     Args:
         options (CheckOptions): ``policy``, ``spike_policy``, ``max_skips``.
+        rewind (RewindOptions, optional): ``max_rewinds`` (consecutive
+            rewinds after which ``'rewind'`` raises) and ``cooldown``.
+        quarantine_skips (bool): ``'skip'`` and ``'rewind'`` quarantine the
+            samples of a data diagnosis too.
     """
 
-    def __init__(self, options):
+    def __init__(self, options: CheckOptions,
+                 rewind: Optional[RewindOptions] = None,
+                 quarantine_skips: bool = False):
         self.options = options
+        self.rewind = rewind
+        self.quarantine_skips = quarantine_skips
 
     @property
-    def leaves_steps_out(self):
+    def leaves_steps_out(self) -> bool:
         """Whether a trigger or a spike may leave its step unapplied (so
         what each forward writes must be kept to be undone)."""
         return bool(set(_LEAVE_OUT) & set((self.options.policy,
                                            self.options.spike_policy)))
 
     @property
-    def rewinds(self):
+    def rewinds(self) -> bool:
         """Whether a trigger or a spike may go back to a snapshot (so
         snapshots are taken)."""
         return 'rewind' in (self.options.policy, self.options.spike_policy)
 
-    def spike_triggers(self):
+    def spike_triggers(self) -> bool:
         """Whether a spike is a trigger: anything but ``'warn'`` (logged
         and counted only)."""
         return self.options.spike_policy != 'warn'
 
     @property
-    def warns_only(self):
+    def warns_only(self) -> bool:
         """Whether every triggering step is applied as it is (``'warn'``)."""
         return self.options.policy == 'warn'
 
-    def drops_at_all(self):
+    def drops_at_all(self) -> bool:
         """Whether triggers may be recomputed without samples."""
         return self.options.policy == 'drop'
 
-    def of(self, event):
+    def needs_hook(self) -> Optional[str]:
+        """Why only ``NanDetectHook`` can carry these policies out, or
+        ``None``: what a self-checking optim wrapper refuses at build
+        time."""
+        if self.rewinds:
+            return ("policy/spike_policy 'rewind' needs NanDetectHook, which "
+                    'keeps the snapshots to go back to; configure the hook')
+        if self.drops_at_all():
+            # Without the hook's replay no sample is singled out: the step
+            # would only be skipped, BN statistics and all.
+            return ("policy 'drop' needs NanDetectHook, which replays the "
+                    'batch to find the samples to leave out and quarantines '
+                    "them; configure the hook with policy='drop', or give "
+                    "the optim wrapper policy='skip'")
+        return None
+
+    def of(self, event) -> str:
         """The policy that handles ``event``."""
         if event.trigger == Trigger.SPIKE:
             return self.options.spike_policy
         return self.options.policy
 
-    def level(self, event):
-        """The log level of ``event``: an error when it stops training."""
-        stops = event.trigger == Trigger.EXCEPTION or \
-            self.of(event) == 'raise'
-        return logging.ERROR if stops else logging.WARNING
-
-    def undoes_forward(self, event):
-        """Whether what the failing forward wrote (BN running statistics)
-        is put back before anything else: its step is left out."""
-        return event.trigger != Trigger.EXCEPTION and \
-            self.of(event) in _LEAVE_OUT
-
-    def may_rewind(self, event):
-        """Whether ``event`` goes back to a snapshot when something
-        diverged before it (else it is skipped)."""
-        return event.trigger != Trigger.EXCEPTION and \
-            self.of(event) == 'rewind'
-
-    def diagnosers(self, event, rewinds):
-        """The ranks that replay and diagnose ``event``: those whose batch
-        is implicated (every rank when none is singled out), and for a spike
-        only when it stops or rewinds training."""
-        spike = event.trigger == Trigger.SPIKE
-        if spike and not rewinds and self.of(event) != 'raise':
-            return []
-        return list(event.bad_ranks or range(event.world_size))
-
-    def drops(self, event, data):
-        """Whether ``event``'s step is recomputed without samples: a
-        trigger under ``'drop'`` (a forward that raised only when its data
-        made it raise)."""
-        return (event.trigger != Trigger.SPIKE and self.of(event) == 'drop'
-                and (event.trigger != Trigger.EXCEPTION or data))
-
-    def quarantines(self, event, data, quarantine_skips):
-        """Whether ``'skip'`` / ``'rewind'`` quarantine the samples of
-        ``event`` (``quarantine_skips``; ``'drop'`` always does, for what
-        it dropped)."""
-        return (quarantine_skips and event.trigger != Trigger.SPIKE and data
-                and self.of(event) in ('skip', 'rewind'))
-
-    def decide(self, event, answer, consecutive_skips):
-        """What a trigger of the update step leads to.
+    def plan(self, known: Circumstances) -> Plan:
+        """The :class:`Plan` of one trigger: every row of the module's
+        table, fallbacks and limits included.
 
         Args:
-            event (NonFiniteEvent): The trigger.
-            answer (Answer): What the listener did and found.
-            consecutive_skips (int): Update steps left out in a row before
-                this one.
-
-        Returns:
-            Decision: ``RAISE``, ``DROP`` (with ``answer.drop``), ``SKIP``
-            or ``APPLY``.
+            known (Circumstances): What is known when it fires.
         """
+        event = known.event
         policy = self.of(event)
-        lines = [event.message, answer.text()]
-        escalate = answer.escalate
-        if (not escalate and policy in _LEAVE_OUT
-                and consecutive_skips >= self.options.max_skips):
-            escalate = ("policy %r already skipped %d consecutive update "
-                        'steps (max_skips=%d)' %
-                        (policy, consecutive_skips, self.options.max_skips))
-        lines.append(escalate)
-        message = '\n'.join(line for line in lines if line)
-        if policy == 'raise' or escalate:
-            return Decision(Action.RAISE, message)
-        if policy == 'drop' and answer.drop is not None:
-            return Decision(Action.DROP, message)
-        if policy in _LEAVE_OUT:
-            return Decision(Action.SKIP, message)
-        return Decision(Action.APPLY, message)
-
-    def after_forward(self, event, answer, consecutive_skips):
-        """What a train step whose forward raised leads to.
-
-        The policy applies only when non-finite values made the forward
-        raise, on every rank it raised on (a rank that only received the
-        failure through another's samples aside); otherwise, and under
-        ``'warn'``, the original exception propagates with the answer's
-        text as a note.
-
-        Returns:
-            Decision: ``PROPAGATE`` (its message: the note), ``RAISE``,
-            ``DROP`` or ``SKIP``.
-        """
-        findings = answer.findings
-        if findings is not None:
-            stops = any(f.raises and not received(f, findings)
-                        for f in findings)
+        exception = event.trigger == Trigger.EXCEPTION
+        if exception and not known.in_backward and (
+                not known.replays or known.out_of_memory):
+            # A replay would fail as the forward did.
+            return Plan(event, policy, logging.ERROR, Action.PROPAGATE,
+                        diagnose=False)
+        level = logging.ERROR if exception or policy == 'raise' \
+            else logging.WARNING
+        rewinds = (not exception and policy == 'rewind'
+                   and known.diverged)
+        spike = event.trigger == Trigger.SPIKE
+        if spike and not rewinds and policy != 'raise':
+            diagnosers = ()
         else:
-            stops = not raised_by_nonfinite(answer.report)
-        decision = None if stops else self.decide(event, answer,
-                                                  consecutive_skips)
-        if decision is None or decision.action is Action.APPLY:
-            return Decision(Action.PROPAGATE, answer.text())
-        return decision
+            diagnosers = tuple(event.bad_ranks or range(event.world_size))
+        if not known.together:
+            # Alone, or a trigger only this rank saw.
+            diagnosers = tuple(r for r in diagnosers if r == event.rank)
+        rows = dict(event=event, policy=policy, level=level,
+                    diagnosers=diagnosers, rewinds=rewinds,
+                    undo=not exception and policy in _LEAVE_OUT,
+                    quarantine=(self.quarantine_skips and not spike
+                                and policy in ('skip', 'rewind')))
+        if known.in_backward:
+            return Plan(action=Action.PROPAGATE, **rows)
+        escalate = self._limit(policy, known, rewinds)
+        if policy == 'raise' or escalate:
+            action = Action.RAISE
+        elif policy == 'warn':
+            action = Action.PROPAGATE if exception else Action.APPLY
+        elif policy == 'drop' and not spike:
+            action = Action.DROP
+        else:
+            action = Action.SKIP
+        return Plan(action=action, escalate=escalate,
+                    rewind_to=known.rewind_to if rewinds and not escalate
+                    else None, drop=action is Action.DROP,
+                    nonfinite_only=exception, **rows)
+
+    def _limit(self, policy, known, rewinds):
+        """Why the trigger raises whatever the policy, or ``None``."""
+        if rewinds and known.no_rewind:
+            return known.no_rewind
+        limit = self.rewind
+        if rewinds and known.consecutive_rewinds >= limit.max_rewinds:
+            return ("policy 'rewind' already went back %d consecutive "
+                    'times without %d clean update steps in between '
+                    '(max_rewinds=%d)' % (known.consecutive_rewinds,
+                                          limit.cooldown, limit.max_rewinds))
+        if (policy in _LEAVE_OUT
+                and known.consecutive_skips >= self.options.max_skips):
+            return ("policy %r already skipped %d consecutive update "
+                    'steps (max_skips=%d)' %
+                    (policy, known.consecutive_skips, self.options.max_skips))
+        return None

@@ -18,7 +18,7 @@
 * :mod:`._drop`: ``policy='drop'``: the step recomputed without samples.
 * :mod:`._distributed`: under DDP, the vote after every forward and the
   exchange of findings after a trigger: every rank takes the same path.
-* :mod:`._forward`: the event of a train step whose forward raised.
+* :mod:`._raised`: the event of a train step whose forward raised.
 * :mod:`._steps`, :mod:`._rng`, :mod:`._attributes`: the batch, RNG states,
   buffers and the preprocessor's attributes kept per step for a replay.
 * :mod:`._history`: the per-iteration scalars kept for a bundle.
@@ -28,9 +28,9 @@ from ._check import (MicroStep, StepCheck, StepContext, StepOutcome,
                      describe_losses, loss_terms)
 from ._distributed import (COLLECTIVES, Exchange, ForwardGuard, Ranks,
                            collective_outputs, collective_signature,
-                           plan_drop, start_distributed)
+                           start_distributed)
 from ._drop import DropPlan, Dropper, recompute
-from ._forward import forward_event, is_out_of_memory
+from ._raised import forward_event, is_out_of_memory
 from ._guard import BypassGuard
 from ._history import History, StepState, step_record
 from ._install import (ATTRIBUTE, NanDetectAmpOptimWrapper, NanDetectHandle,
@@ -52,7 +52,7 @@ __all__ = [
     'GradNorms', 'History', 'install_nan_detect', 'is_out_of_memory',
     'Listener', 'loss_terms', 'members', 'MicroStep', 'module_attributes',
     'NanDetectAmpOptimWrapper', 'NanDetectHandle', 'NanDetectOptimWrapper',
-    'param_norms', 'plan_drop', 'Ranks', 'recompute', 'restore_rng',
+    'param_norms', 'Ranks', 'recompute', 'restore_rng',
     'Rewinder', 'sentinel_of', 'SeriesBand', 'Snapshot', 'SnapshotStore',
     'Spike', 'SpikeDetector', 'start_distributed', 'step_record',
     'StepCheck', 'StepContext', 'StepMemory', 'StepOutcome', 'StepState',

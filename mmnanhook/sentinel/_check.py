@@ -145,11 +145,12 @@ class StepCheck(object):
 
     Args:
         options (CheckOptions): Policy and limits.
+        policy (Policy, optional): The run's; one of ``options`` by default.
     """
 
-    def __init__(self, options):
+    def __init__(self, options, policy=None):
         self.options = options
-        self.policy = Policy(options)
+        self.policy = policy or Policy(options)
         self.spikes = None if options.spike_policy is None else \
             SpikeDetector(options.spike_window, options.spike_warmup,
                           options.spike_factor)

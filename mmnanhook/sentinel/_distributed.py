@@ -51,7 +51,6 @@ from torch.distributed.constants import default_pg_timeout
 from .. import compat
 from ..errors import PeerForwardFailed, RankTimeoutError
 from ..records import RankFinding
-from ..recovery import drop_decision
 
 # torch.distributed functions that wait on other ranks.
 COLLECTIVES = ('all_reduce', 'all_gather', 'all_gather_into_tensor',
@@ -658,41 +657,3 @@ class Exchange(object):
         if self.findings is None:
             self.findings = self.ranks.exchange(finding)
         return self.findings
-
-
-def plan_drop(dropper, event, steps, undo, findings, ranks, communicates,
-              can_zero, logger):
-    """This rank's part of the drop every rank takes
-    (:func:`~mmnanhook.recovery.drop_decision`), once every rank could
-    prepare its own (else every rank skips).
-
-    Args:
-        dropper (Dropper): Prepares this rank's part.
-        event (NonFiniteEvent): The trigger.
-        steps (list[tuple]): The micro-steps kept since the last update.
-        undo (callable): Puts back what the failing forward wrote.
-        findings (list[RankFinding]): Every rank's.
-        ranks (Ranks): The run's ranks.
-        communicates (list[str]): What communicates in the train step.
-        can_zero (bool): Whether the model is wrapped in DDP.
-        logger (logging.Logger): Where a failure to prepare is said.
-
-    Returns:
-        DropPlan | None: ``None``: every rank skips.
-    """
-    decision = drop_decision(findings, event.world_size, communicates,
-                             can_zero)
-    if decision.reason is not None:
-        # None on every rank: it says why.
-        return dropper.plan(event, None, steps, undo, decision)
-    try:
-        mine = dropper.plan(event, None, steps, undo, decision)
-    except Exception:  # noqa: BLE001 - every rank must learn it
-        logger.exception("mmnanhook: policy 'drop': this rank's part "
-                         'could not be prepared')
-        mine = None
-    if not ranks.reduce(mine is not None, 'min'):
-        logger.warning("mmnanhook: policy 'drop': a rank could not prepare "
-                       'its part of the step: every rank skips it')
-        return None
-    return mine

@@ -18,12 +18,12 @@ import logging
 import torch
 
 from .._batch import batch_size, split_batch
-from .._log import log
 from .._mmengine import unwrap_model
 from .._patch import patched
 from ..errors import PeerForwardFailed
 from ..records import Culprit
 from ..recovery import drop_unavailable, samples_to_drop
+from ._check import loss_terms
 from ._rng import restore_rng
 
 
@@ -38,7 +38,8 @@ class DropPlan(object):
             loss``, that micro-step's forward (the failing one's on the
             reduced batch) from the RNG state before the original one, under
             the wrapper's ``optim_context``, through ``parse_losses``;
-            returns the loss to give to ``backward``.
+            returns the loss to give to ``backward`` and its terms
+            (:func:`~._check.loss_terms`, or ``None``).
         undo (callable): Puts back what a forward wrote (BN running
             statistics): after the recompute when it is not applied either,
             and before a train step taken again (:meth:`Dropper.again`).
@@ -51,10 +52,16 @@ class DropPlan(object):
             part with a zero loss.
         factor (float): What the failing micro-step's loss is multiplied by
             (:meth:`~mmnanhook.recovery.DropDecision.factor`).
+        found (list[Culprit]): The samples left out, on every rank (what
+            the quarantine lists once the step is applied).
+
+    Attributes:
+        outputs (dict): The recomputed last micro-step's ``log_vars``: what
+            the train step returns instead of the failing forward's.
     """
 
     def __init__(self, indices, forwards, undo, iter=None, dropped=None,
-                 empty=False, factor=1.0):
+                 empty=False, factor=1.0, found=()):
         self.indices = list(indices)
         self.forwards = list(forwards)
         self.undo = undo
@@ -62,6 +69,12 @@ class DropPlan(object):
         self.dropped = len(self.indices) if dropped is None else dropped
         self.empty = empty
         self.factor = factor
+        self.found = list(found)
+        self.outputs = None
+
+    def keep(self, log_vars):
+        """Keep the recomputed train step's ``log_vars``."""
+        self.outputs = log_vars
 
     def applied(self, sentinel):
         """The step was applied without the samples: count them
@@ -70,10 +83,9 @@ class DropPlan(object):
         sentinel.hub.update_scalar('train/samples_dropped',
                                    sentinel.samples_dropped)
 
-    def abandon(self, wrapper, sentinel):
-        """The recomputation raised: the step is skipped instead (what the
-        forwards wrote put back, gradients zeroed, ``train/nan_skipped``)."""
-        sentinel.skip([wrapper], undo=self.undo)
+
+class _Unusable(Exception):
+    """The recomputed update step triggered the check too."""
 
 
 def recompute(sentinel, wrapper, plan):
@@ -91,7 +103,9 @@ def recompute(sentinel, wrapper, plan):
         plan (DropPlan): The drop.
 
     Returns:
-        bool: Whether to apply the recomputed step.
+        str | None: ``None`` when the recomputed step is checked and to be
+        applied; else why not (it raised, or triggered the check too): the
+        caller falls back as the plan says, with ``plan.undo``.
     """
     wrapper.zero_grad()
     sentinel.check.forget()
@@ -103,33 +117,38 @@ def recompute(sentinel, wrapper, plan):
         for k, forward in enumerate(plan.forwards):
             wrapper._inner_count = count - len(plan.forwards) + k
             try:
-                loss = forward()
+                loss, terms = forward()
             except Exception:
                 if sentinel.ranks is not None:
                     # The other ranks wait in this backward's vote.
                     sentinel.ranks.vote(True)
                 raise
-            sentinel.pending = (loss, sentinel.loss_terms(loss))
+            sentinel.pending = (loss, terms)
             wrapper.backward(wrapper.scale_loss(loss))
-    except Exception as error:  # noqa: BLE001 - falls back to skip
+    except Exception as error:  # noqa: BLE001 - the plan falls back
         sentinel.pending = None
         sentinel.check.forget()
         wrapper._inner_count = count
         sentinel.dropping = None
-        log('mmnanhook: recomputing the update step without sample(s) %s '
-            'raised %s: %s; skipped' % (plan.indices, type(error).__name__,
-                                        error), logging.WARNING)
-        plan.abandon(wrapper, sentinel)
-        return False
+        return 'recomputing the update step without sample(s) %s raised ' \
+            '%s: %s' % (plan.indices, type(error).__name__, error)
     wrapper._inner_count = count
     try:
-        applied = sentinel.check_step(wrapper)
+        sentinel.check_step(wrapper)
+    except _Unusable as unusable:
+        return 'the update step recomputed without sample(s) %s is not ' \
+            'usable either (%s)' % (plan.indices, unusable)
     finally:
         sentinel.dropping = None
-    if applied:
-        sentinel.check.passed()
-        plan.applied(sentinel)
-    return applied
+    sentinel.check.passed()
+    plan.applied(sentinel)
+    return None
+
+
+def unusable(event):
+    """What the check of a recomputed update step raises when it triggers
+    (:func:`recompute` catches it)."""
+    return _Unusable(event.message.split('\n')[0])
 
 
 def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
@@ -157,7 +176,8 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
             losses = model._run_forward(data, mode='loss')
         loss, log_vars = module.parse_losses(losses)
         keep_outputs(log_vars)
-        return loss * factor if factor != 1.0 else loss
+        return (loss * factor if factor != 1.0 else loss,
+                loss_terms(log_vars))
 
     return forward
 
@@ -183,7 +203,7 @@ def zero_forward(model, wrapper):
         with patched(module, 'forward', zero), wrapper.optim_context(model):
             # One input: DDP with device_ids scatters its inputs and takes
             # the first.
-            return model(torch.zeros(()))
+            return model(torch.zeros(())), None
 
     return forward
 
@@ -222,24 +242,25 @@ class Dropper(object):
         self.model = model
         self.wrappers = wrappers
         self.log = log
-        self._outputs = None
-        self._found = None
+        # Why no step of this run can be recomputed without samples.
+        self.unavailable = drop_unavailable(len(wrappers))
 
-    def plan(self, event, report, steps, undo, decision=None):
+    def plan(self, event, report, memory, undo, decision=None):
         """The :class:`DropPlan` of a trigger, or ``None`` (the step is then
         skipped; the log says why).
 
         Args:
             event (NonFiniteEvent): The trigger.
             report (Report, optional): Its diagnosis.
-            steps (list[tuple]): ``(iter, data_batch, rng_state)`` of every
-                micro-step since the last update step (``StepMemory``).
+            memory (StepMemory): Every micro-step since the last update
+                step.
             undo (callable): Puts back what the failing forward wrote.
             decision (DropDecision, optional): Under DDP, the drop every
                 rank takes (:func:`~mmnanhook.recovery.drop_decision`):
                 this rank's part of it, whatever its own report.
         """
-        reason = drop_unavailable(len(self.wrappers))
+        reason = self.unavailable
+        steps = memory.steps()
         if decision is None and reason is None:
             fail = event.fail_iter
             batch = dict((i, b) for i, b, _ in steps).get(fail)
@@ -253,17 +274,15 @@ class Dropper(object):
                                              else ' on every rank'))
             return None
         if decision is None:
-            self._found = [Culprit(s) for s in report.samples
-                           if s.index in indices]
-            return self._plan(event, steps, undo, indices, fail)
+            return self._plan(event, steps, undo, indices, fail, found=[
+                Culprit(s) for s in report.samples if s.index in indices])
         rank = event.rank
-        self._found = decision.found
         return self._plan(event, steps, undo, decision.indices(rank),
                           decision.iter(rank, event.fail_iter),
-                          decision, decision.empty(rank))
+                          decision, decision.empty(rank), decision.found)
 
     def _plan(self, event, steps, undo, indices, fail, decision=None,
-              empty=False):
+              empty=False, found=()):
         wrapper = self.wrappers[0]
         if empty:
             what = 'with a zero loss: every sample of its batch of iter %s ' \
@@ -276,26 +295,27 @@ class Dropper(object):
         self.log(logging.WARNING,
                  "mmnanhook: policy 'drop': recomputing the update step of "
                  'iter %s %s' % (event.iter, what))
+        if decision is None:
+            plan = DropPlan(indices, [], undo, fail, found=found)
+        else:
+            plan = DropPlan(indices, [], undo, fail, decision.dropped, empty,
+                            decision.factor(fail), found)
         last = steps[-1][0]
-        forwards = []
         for i, batch, rng in steps:
             # What train_step returns is its own micro-step's log_vars.
-            keep = self._keep if i == last else _ignore
+            keep = plan.keep if i == last else _ignore
             if empty and i == fail:
                 keep({})
-                forwards.append(zero_forward(self.model, wrapper))
+                plan.forwards.append(zero_forward(self.model, wrapper))
                 continue
             if i == fail and indices:
                 batch = split_batch(batch, [
                     k for k in range(batch_size(batch)) if k not in indices])
-            forwards.append(model_forward(
+            plan.forwards.append(model_forward(
                 self.model, wrapper, batch,
                 functools.partial(restore_rng, rng), keep,
                 decision.factor(i) if decision is not None else 1.0))
-        if decision is None:
-            return DropPlan(indices, forwards, undo, fail)
-        return DropPlan(indices, forwards, undo, fail, decision.dropped,
-                        empty, decision.factor(fail))
+        return plan
 
     def again(self, plan, steps, train_step, sentinel, undo=None):
         """The train step of a forward that raised on its samples' data,
@@ -311,7 +331,8 @@ class Dropper(object):
 
         Args:
             plan (DropPlan): The drop.
-            steps (list[tuple]): As :meth:`plan`'s.
+            steps (list[tuple]): ``(iter, data_batch, rng_state)`` of every
+                micro-step since the last update step.
             train_step (callable): ``batch -> outputs``: the model's own
                 ``train_step`` with the loop's other arguments.
             sentinel (WrapperSentinel): The optim wrapper's sentinel
@@ -320,7 +341,9 @@ class Dropper(object):
                 before the failing micro-step; ``plan.undo`` by default.
 
         Returns:
-            dict: What the reduced train step returned.
+            tuple | None: What the reduced train step returned, and whether
+            its update step was applied; ``None`` when it raised on a rank
+            (every rank then falls back as the plan says).
         """
         batch, rng = dict((i, (b, r)) for i, b, r in steps)[plan.iter]
         (undo or plan.undo)()
@@ -331,7 +354,7 @@ class Dropper(object):
         try:
             if plan.empty:
                 outputs = {}
-                wrapper.update_params(zero_forward(self.model, wrapper)())
+                wrapper.update_params(zero_forward(self.model, wrapper)()[0])
             else:
                 if plan.indices:
                     batch = split_batch(batch, [i for i in range(
@@ -347,21 +370,8 @@ class Dropper(object):
             self.log(logging.WARNING, 'mmnanhook: the train step taken again '
                      'without sample(s) %s raised %s: %s; every rank skips '
                      'it' % (plan.indices, type(error).__name__, error))
-            plan.abandon(wrapper, sentinel)
-            return {}
-        if check.skipped == skipped:
+            return None
+        applied = check.skipped == skipped
+        if applied:
             plan.applied(sentinel)
-        return outputs
-
-    def _keep(self, log_vars):
-        self._outputs = log_vars
-
-    def take_outputs(self):
-        """The recomputed step's ``log_vars`` (once), or ``None``."""
-        outputs, self._outputs = self._outputs, None
-        return outputs
-
-    def take_found(self):
-        """The :class:`~mmnanhook.records.Culprit` s last dropped (once)."""
-        found, self._found = self._found, None
-        return found
+        return outputs, applied

@@ -21,7 +21,8 @@ class StepState(object):
         spikes (list[str], optional): The series that spiked.
         triggered (bool): A trigger (not a spike) happened in it.
         applied (bool, optional): Whether the update step was applied.
-        event (NonFiniteEvent, optional): The trigger a drop acted on.
+        dropped (DropPlan, optional): The drop recomputed and applied in
+            it: what the train step returns are its values.
     """
 
     loss: Optional[float] = None
@@ -30,7 +31,7 @@ class StepState(object):
     spikes: Optional[List[str]] = None
     triggered: bool = False
     applied: Optional[bool] = None
-    event: Any = None
+    dropped: Any = None
 
 
 def step_record(scalars, step, lr_factor=None, **values):

@@ -16,13 +16,19 @@ A scheduler built *after* the install wraps the bound ``step`` in turn,
 which still runs the check; and whatever replaces it without calling it is
 caught by the bypass guard (:mod:`._guard`).
 """
-import types
+from __future__ import annotations
 
+import types
+from typing import Optional
+
+from mmengine.logging import MessageHub
 from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import compat
 from ..options import CheckOptions
+from ..recovery import Policy
+from ._listener import Listener
 from ._sentinel import WrapperSentinel
 from ._supported import check_supported
 
@@ -110,8 +116,9 @@ class _SelfChecking(object):
 
     def __init__(self, *args, **kwargs):
         options = CheckOptions.take(kwargs)
-        if options.needs_hook():
-            raise ValueError(options.needs_hook())
+        refused = Policy(options).needs_hook()
+        if refused:
+            raise ValueError(refused)
         super().__init__(*args, **kwargs)
         bind(self)
         vars(self)[ATTRIBUTE] = WrapperSentinel(options)
@@ -191,8 +198,12 @@ class NanDetectHandle(object):
                 vars(wrapper)[ATTRIBUTE] = previous
 
 
-def install_nan_detect(optim_wrapper, listener=None, message_hub=None,
-                       options=None, **kwargs):
+def install_nan_detect(optim_wrapper: OptimWrapper,
+                       listener: Optional[Listener] = None,
+                       message_hub: Optional[MessageHub] = None,
+                       options: Optional[CheckOptions] = None,
+                       run_policy: Optional[Policy] = None,
+                       **kwargs) -> NanDetectHandle:
     """Add the checks to an already-built optim wrapper.
 
     Binds the checks onto each wrapper instance (an ``OptimWrapperDict``'s
@@ -209,6 +220,8 @@ def install_nan_detect(optim_wrapper, listener=None, message_hub=None,
             iteration is read; the current instance when not given.
         options (CheckOptions, optional): The options; built from
             ``kwargs`` when not given.
+        run_policy (Policy, optional): The run's policy (the listener's
+            too); one of ``options`` when not given.
         **kwargs: See :class:`~mmnanhook.options.CheckOptions`.
 
     Returns:
@@ -227,7 +240,8 @@ def install_nan_detect(optim_wrapper, listener=None, message_hub=None,
     for wrapper in wrappers:
         previous = sentinel_of(wrapper)
         saved = bind(wrapper) if previous is None else {}
-        sentinel = WrapperSentinel(options, listener, message_hub)
+        sentinel = WrapperSentinel(options, listener, message_hub,
+                                   run_policy)
         vars(wrapper)[ATTRIBUTE] = sentinel
         entries.append((wrapper, sentinel, previous, saved))
     return NanDetectHandle(entries)

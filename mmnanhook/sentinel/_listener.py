@@ -18,16 +18,32 @@ class Listener(object):
         """
         return None
 
-    def on_nonfinite(self, event):
-        """Called on a trigger, inside the step, before the policy acts.
+    def on_trigger(self, event, sentinel, wrapper):
+        """Carry out a trigger of the update step: called inside the step,
+        before anything of the step is decided.
 
         Args:
             event (NonFiniteEvent): What was non-finite (or spiked).
+            sentinel (WrapperSentinel): The wrapper's sentinel: its
+                :meth:`~WrapperSentinel.carry_out` does the step's part of
+                the decision.
+            wrapper (OptimWrapper): The optim wrapper whose step it is.
 
         Returns:
-            Answer | None: What the listener did and found (the diagnosis,
-            the bundle, a drop plan, a reason to escalate), with which
-            :class:`~mmnanhook.recovery.Policy` decides.
+            Action: What became of the step. The default carries out the
+            policy's plan without a diagnosis.
+        """
+        return sentinel.carry_out_alone(event, wrapper)
+
+    def on_backward_raised(self, event):
+        """Called when backward raised (the exception goes on whatever the
+        policy).
+
+        Args:
+            event (NonFiniteEvent): The exception's event.
+
+        Returns:
+            str | None: What to add to the exception as a note.
         """
         return None
 
@@ -39,17 +55,9 @@ class Listener(object):
         """
 
     def on_resolved(self, applied):
-        """Called after the policy acted on an update step.
+        """Called after the policy acted on an update step (every one).
 
         Args:
             applied (bool): Whether the step (or, under ``'drop'``, its
                 recomputation) is applied.
-        """
-
-    def on_step(self, outcome):
-        """Called after every checked update step, before the policy acts.
-
-        Args:
-            outcome (StepOutcome): What the check measured: the loss and
-                gradient norm as every rank sees them.
         """

@@ -238,6 +238,10 @@ class SnapshotStore(object):
                 return snapshot
         return None
 
+    def at(self, iter):
+        """The snapshot of iteration ``iter``."""
+        return next(s for s in self._snapshots if s.iter == iter)
+
     def drop_after(self, iter):
         """Forget the snapshots of iterations ``>= iter`` (they may hold the
         divergence)."""
@@ -373,22 +377,18 @@ class Rewinder(object):
         if self.store.due(iter):
             self.store.take(iter, model, wrappers)
 
-    def rewind(self, since, model, wrappers, sentinels, ranks=None):
-        """Go back to the newest snapshot taken before iteration ``since``
-        (``train/rewinds`` counted, the log told).
+    def target(self, since, ranks=None):
+        """The snapshot a rewind from a divergence that began at ``since``
+        would go back to: the newest taken before it.
 
         Args:
             since (int): The first iteration of the divergence.
-            model (nn.Module): The model.
-            wrappers (list[OptimWrapper]): Its optim wrappers.
-            sentinels (list): Their sentinels (the LR factor they apply).
             ranks (Ranks, optional): Under DDP: every rank goes back before
                 the earliest ``since`` of all, to the same snapshot.
 
         Returns:
-            tuple: ``(snapshot, None)`` after going back; ``(None, reason)``
-            when there is nothing to go back to or when ``max_rewinds``
-            consecutive rewinds are exceeded (the caller escalates).
+            tuple: ``(snapshot, None)``, or ``(None, reason)`` when there is
+            none to go back to.
         """
         if ranks is not None:
             since = int(ranks.reduce(since, 'min'))
@@ -403,12 +403,22 @@ class Rewinder(object):
         if snapshot is None:
             return None, ('no snapshot older than iteration %s to rewind to'
                           % (since, ))
-        if self.consecutive >= self.options.max_rewinds:
-            return None, ("policy 'rewind' already went back %d consecutive "
-                          'times without %d clean update steps in between '
-                          '(max_rewinds=%d)' % (
-                              self.consecutive, self.options.cooldown,
-                              self.options.max_rewinds))
+        return snapshot, None
+
+    def go_back(self, iter, model, wrappers, sentinels):
+        """Go back to the snapshot of iteration ``iter`` (:meth:`target`'s)
+        and lower the LR (``train/rewinds`` counted, the log told).
+
+        Args:
+            iter (int): The snapshot's iteration.
+            model (nn.Module): The model.
+            wrappers (list[OptimWrapper]): Its optim wrappers.
+            sentinels (list): Their sentinels (the LR factor they apply).
+
+        Returns:
+            int: ``iter``.
+        """
+        snapshot = self.store.at(iter)
         if self.cooldown_left:
             self.log(logging.WARNING, (
                 'mmnanhook: refuted: the LR x %g after the last rewind did '
@@ -428,4 +438,4 @@ class Rewinder(object):
             'steps' % ('after iter %d' % snapshot.iter if snapshot.iter >= 0
                        else 'training started from', self.factor,
                        self.options.cooldown)))
-        return snapshot, None
+        return snapshot.iter

@@ -21,10 +21,11 @@ from .. import compat
 from .._anomaly import capture_anomaly_warnings, is_anomaly_nan_error
 from .._log import log
 from .._mmengine import unwrap_model
+from ..errors import NonFiniteError
 from ..records import NonFiniteEvent, Trigger
-from ..recovery import Action, Answer
+from ..recovery import Action, Answer, Circumstances
 from ._check import StepCheck, StepContext
-from ._drop import recompute
+from ._drop import recompute, unusable
 from ._norms import clip_grads_with_norm_
 from ._shards import local_grads
 
@@ -37,11 +38,12 @@ class WrapperSentinel(object):
         listener (Listener, optional): Told about loss terms and triggers.
         message_hub (MessageHub, optional): Where scalars are logged and the
             iteration is read; the current instance when not given.
+        policy (Policy, optional): The run's; one of ``options`` by default.
     """
 
-    def __init__(self, options, listener=None, message_hub=None):
-        self.check = StepCheck(options)
-        self.policy = self.check.policy
+    def __init__(self, options, listener=None, message_hub=None,
+                 policy=None):
+        self.check = StepCheck(options, policy)
         # Built before the training graphs, to free what a raising backward
         # leaves queued (see compat.BackwardDrain).
         self.drain = compat.BackwardDrain()
@@ -51,6 +53,12 @@ class WrapperSentinel(object):
         self.lr_factor = None
         # (loss, terms) handed from update_params to backward.
         self.pending = None
+        # What the last check measured (StepOutcome), for the listener to
+        # read after the step.
+        self.outcome = None
+        # Waits for what must be settled before an update step changes the
+        # parameters (the newest rewind snapshot's copy), or None.
+        self.settle = None
         self._model = None
         # (params, total norm or None) for the _clip_grad of this step.
         self._clip = None
@@ -159,10 +167,22 @@ class WrapperSentinel(object):
             epoch=context.epoch, rank=rank, world_size=world_size,
             exception='%s: %s' % (type(exc).__name__, exc),
             forward_traceback=forward_tb)
-        extra = self.ask(event).text()
+        extra = self._backward_note(event)
         if extra:
             compat.add_exception_note(exc, extra)
         return False
+
+    def _backward_note(self, event):
+        """What the listener's diagnosis adds to an exception raised in
+        backward (logged here without one)."""
+        if self.listener is not None:
+            try:
+                return self.listener.on_backward_raised(event)
+            except Exception:  # noqa: BLE001 - the exception goes on
+                MMLogger.get_current_instance().exception(
+                    'mmnanhook: the NaN listener failed')
+        log(event.message, logging.ERROR)
+        return None
 
     # -- the update step ---------------------------------------------------
 
@@ -223,27 +243,13 @@ class WrapperSentinel(object):
         if event is None:
             self.check.passed()
         elif self.dropping is not None:
-            # The recomputed step failed too: not applied either.
-            log('mmnanhook: the update step recomputed without sample(s) '
-                '%s is not usable either (%s): skipped' % (
-                    self.dropping.indices, event.message.split('\n')[0]),
-                logging.WARNING)
-            self.skip([wrapper], undo=self.dropping.undo)
-            return False
+            # The recomputed step triggered too: recompute() says why.
+            raise unusable(event)
         else:
-            answer = self.ask(event)
-            decision = self.policy.decide(event, answer,
-                                          self.check.consecutive_skips)
-            if decision.action is Action.RAISE:
-                # Training ends here; nothing will apply these gradients.
-                _release_grads(wrapper)
-                raise decision.error(event, answer)
-            if decision.action is Action.DROP:
-                return recompute(self, wrapper, answer.drop)
-            if decision.action is Action.SKIP:
-                self.skip([wrapper], spike=event.trigger == Trigger.SPIKE)
-                return False
-            self.check.passed()
+            done = self._respond(event, wrapper)
+            if done is not Action.APPLY:
+                # A drop's recomputation was checked, logged and applied.
+                return done is Action.DROP
         self.hub.update_scalar('train/nan_skipped', self.check.skipped)
         # Only the norm of a step that is applied: a skipped step's
         # non-finite norm would stay in the windows LogProcessor smooths.
@@ -259,8 +265,9 @@ class WrapperSentinel(object):
         # A recomputation (policy='drop') has the same scale, logged already.
         if outcome.loss_scale is not None and self.dropping is None:
             hub.update_scalar('train/loss_scale', outcome.loss_scale)
-        if self.listener is not None:
-            self.listener.on_step(outcome)
+        self.outcome = outcome
+        if self.settle is not None:
+            self.settle()
         if self.check.spikes is None:
             return
         if outcome.spikes and self.listener is not None:
@@ -298,21 +305,65 @@ class WrapperSentinel(object):
                             compat.fsdp_sharded_params(model))
         return self._shards[1]
 
-    def ask(self, event):
-        """The listener's :class:`~mmnanhook.recovery.Answer` to ``event``
-        (logged here without one); an empty answer when it fails, so that
-        the policy still applies."""
-        if self.listener is None:
-            log(event.message, self.policy.level(event))
-            return Answer()
-        try:
-            return self.listener.on_nonfinite(event) or Answer()
-        except Exception:  # noqa: BLE001 - the policy must still apply
-            log(event.message, self.policy.level(event))
-            MMLogger.get_current_instance().exception(
-                'mmnanhook: the NaN listener failed; applying the policy '
-                'anyway')
-            return Answer()
+    def _respond(self, event, wrapper):
+        """The trigger ``event`` carried out by the listener; alone, or
+        when the listener fails before the step's fate (the policy must
+        still apply), by the plan without a diagnosis.
+
+        Returns:
+            Action: What became of the step (``APPLY``: apply it).
+        """
+        if self.listener is not None:
+            try:
+                return self.listener.on_trigger(event, self, wrapper)
+            except NonFiniteError:
+                raise
+            except Exception:  # noqa: BLE001 - the policy must still apply
+                MMLogger.get_current_instance().exception(
+                    'mmnanhook: the NaN listener failed; applying the policy '
+                    'anyway')
+        return self.carry_out_alone(event, wrapper)
+
+    def carry_out_alone(self, event, wrapper):
+        """``event``'s plan carried out without a diagnosis (logged here);
+        :meth:`carry_out`'s result."""
+        plan = self.check.policy.plan(Circumstances(
+            event, self.check.consecutive_skips, replays=False))
+        log(event.message, plan.level)
+        return self.carry_out(wrapper, event, plan.decide(Answer()),
+                              Answer())
+
+    def carry_out(self, wrapper, event, decision, answer):
+        """The step's part of a trigger's decision, on ``wrapper``.
+
+        Args:
+            wrapper (OptimWrapper): The optim wrapper whose step it is.
+            event (NonFiniteEvent): The trigger.
+            decision (Decision): Its plan's decision.
+            answer (Answer): What was found (the drop to recompute).
+
+        Returns:
+            Action: What became of the step: ``APPLY`` (apply it as it
+            is), ``SKIP``, or ``DROP`` (recomputed, checked and applied);
+            ``RAISE`` raises :class:`~mmnanhook.NonFiniteError`.
+        """
+        action, undo = decision.action, None
+        if action is Action.DROP:
+            why = recompute(self, wrapper, answer.drop)
+            if why is None:
+                return action
+            log('mmnanhook: %s; skipped' % why, logging.WARNING)
+            action, undo = decision.fallback, answer.drop.undo
+        if action is Action.RAISE:
+            # Training ends here; nothing will apply these gradients.
+            _release_grads(wrapper)
+            raise decision.error(event, answer)
+        if action is Action.SKIP:
+            self.skip([wrapper], spike=event.trigger == Trigger.SPIKE,
+                      undo=undo)
+            return action
+        self.check.passed()
+        return Action.APPLY
 
     def _name_params(self, params, indices):
         model = self._model() if self._model is not None else None

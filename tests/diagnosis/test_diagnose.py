@@ -20,7 +20,7 @@ from mmnanhook import compat
 from mmnanhook.bundle import to_strict_json
 from mmnanhook.diagnosis import diagnose
 from mmnanhook.diagnosis._backward import BackwardWatch
-from mmnanhook.diagnosis._forward import ForwardWatch, LineLocator
+from mmnanhook.diagnosis._producer import ForwardWatch, LineLocator
 from mmnanhook.report import KINDS, format_report
 from mmnan_testing.faults import is_op
 

@@ -16,6 +16,7 @@ import torch
 from mmnanhook import NonFiniteError
 from mmnanhook._mmengine import unwrap_model
 from mmnanhook.diagnosis import diagnose
+from mmnanhook.run import TriggerProcedure
 from mmnanhook.sentinel import capture_rng, restore_rng, sentinel_of
 from mmnan_testing import exit_check, lifetime
 from mmnan_testing.toy import ToyModel
@@ -34,18 +35,19 @@ def _hook_of(runner):
 @pytest.mark.mmdet
 @pytest.mark.parametrize('fault', exit_check.FAULTS)
 @pytest.mark.parametrize('policy', ['raise', 'skip', 'warn'])
-def test_nothing_of_the_diagnosis_is_left(tmp_path, fault, policy):
+def test_nothing_of_the_diagnosis_is_left(tmp_path, fault, policy,
+                                          monkeypatch):
     runner = exit_check.build_runner(fault, str(tmp_path), policy=policy)
     hook = _hook_of(runner)
     # Graph tensors alive when the diagnosis starts: the training step's.
     before = set()
-    on_nonfinite = hook.on_nonfinite
+    carry_out = TriggerProcedure._carry_out
 
-    def noting_on_nonfinite(event):
+    def noting_carry_out(procedure, plan, evidence):
         before.update(lifetime.live_graph_ids())
-        return on_nonfinite(event)
+        return carry_out(procedure, plan, evidence)
 
-    hook.on_nonfinite = noting_on_nonfinite
+    monkeypatch.setattr(TriggerProcedure, '_carry_out', noting_carry_out)
     error = None
     try:
         runner.train()
@@ -56,7 +58,7 @@ def test_nothing_of_the_diagnosis_is_left(tmp_path, fault, policy):
     assert lifetime.module_hooks(model) == []
     ow = runner.optim_wrapper
     assert sentinel_of(ow) is None and lifetime.bindings_left(ow) == []
-    del hook.on_nonfinite
+    monkeypatch.undo()
     assert before
     roots = [hook, ow]
     if error is not None:

@@ -263,9 +263,9 @@ def capture_replays(runner):
     buffers (BN running statistics) after it equal those before it, per
     diagnosis."""
     import torch
-    from mmnanhook import _run
+    from mmnanhook.diagnosis import _in_run
     seen = []
-    incident = _run.handle_incident
+    incident = _in_run.handle_incident
 
     def probed(*args, **kwargs):
         before = [b.detach().clone() for b in runner.model.buffers()]
@@ -276,7 +276,7 @@ def capture_replays(runner):
                 before, runner.model.buffers())))
 
     # This rank's process trains this one runner.
-    _run.handle_incident = probed
+    _in_run.handle_incident = probed
     return seen
 
 
@@ -288,8 +288,9 @@ _DIFFS_KEPT = 40
 def capture_pictures(runner):
     """Compare the run before and after each handling of a trigger's
     diagnosis: :mod:`mmnan_testing.runstate`'s picture of ``runner`` taken
-    right before and right after ``mmnanhook._run.HookRun._incident`` (the
-    micro-step search and every replay of the diagnosis run inside it).
+    right before and right after the trigger procedure's call of
+    ``mmnanhook.diagnosis.diagnose_in_run`` (the micro-step search and every
+    replay of the diagnosis run inside it).
 
     Returns:
         list[dict]: Per diagnosis on this rank, in order: ``iter``,
@@ -297,30 +298,30 @@ def capture_pictures(runner):
         :data:`_DIFFS_KEPT`), ``more`` (those left out), ``seconds`` (the
         diagnosis's, pictures excluded). Filled as the run goes.
     """
-    from mmnanhook import _run
+    from mmnanhook.run import _trigger
     seen = []
     _pictures['seen'] = seen
-    if not getattr(_run.HookRun._incident, 'pictured', False):
-        incident = _run.HookRun._incident
+    if not getattr(_trigger.diagnose_in_run, 'pictured', False):
+        incident = _trigger.diagnose_in_run
 
-        def pictured(self, *args, **kwargs):
+        def pictured(runner, *args, **kwargs):
             from mmnan_testing import runstate
-            before = runstate.take(self.runner)
+            before = runstate.take(runner)
             start = time.time()
             try:
-                return incident(self, *args, **kwargs)
+                return incident(runner, *args, **kwargs)
             finally:
                 seconds = time.time() - start
-                found = runstate.diff(before, runstate.take(self.runner))
+                found = runstate.diff(before, runstate.take(runner))
                 _pictures['seen'].append(dict(
-                    iter=self.runner.iter, diff=found[:_DIFFS_KEPT],
+                    iter=runner.iter, diff=found[:_DIFFS_KEPT],
                     more=max(len(found) - _DIFFS_KEPT, 0),
                     seconds=round(seconds, 2)))
 
         pictured.pictured = True
         # This rank's process trains one runner at a time; a later
         # scenario's call only points the records elsewhere.
-        _run.HookRun._incident = pictured
+        _trigger.diagnose_in_run = pictured
     return seen
 
 

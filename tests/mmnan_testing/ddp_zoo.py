@@ -404,8 +404,9 @@ def _record_raises(runner):
         frame = sys._getframe(1)
         while frame is not None:
             code = frame.f_code
-            if code.co_name == '_incident' and code.co_filename.endswith(
-                    osp.join('mmnanhook', '_run.py')):
+            if code.co_name == 'diagnose_in_run' and \
+                    code.co_filename.endswith(
+                        osp.join('mmnanhook', 'diagnosis', '_in_run.py')):
                 return True
             frame = frame.f_back
         return False

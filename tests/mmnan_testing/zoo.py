@@ -32,7 +32,7 @@ from mmengine.hooks import Hook
 
 from mmnanhook._mmengine import unwrap_model
 from mmnanhook.demo import synthetic
-from mmnan_testing import testbed
+from mmnan_testing import datasets, testbed
 
 SMALL_SIDE = 320
 # The synthetic VOC data is a VOC2007 directory.
@@ -168,10 +168,10 @@ def make_zoo_dataset(name, root, num_images=4, defects=None, seed=0):
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed,
             defects=defects)
     elif kind == 'imagenet':
-        data = synthetic.make_imagenet_dataset(
+        data = datasets.make_imagenet_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
     else:
-        data = synthetic.make_ade20k_dataset(
+        data = datasets.make_ade20k_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
     data['kind'] = kind
     return data
@@ -189,10 +189,10 @@ def _dataset_override(kind, data):
         return dict(data_root=root, ann_file=synthetic.DOTA_ANN_DIR + '/',
                     data_prefix=dict(img_path=synthetic.DOTA_IMG_DIR + '/'))
     if kind == 'imagenet':
-        return dict(data_root=root, split=synthetic.IMAGENET_SPLIT)
+        return dict(data_root=root, split=datasets.IMAGENET_SPLIT)
     return dict(data_root=root,
-                data_prefix=dict(img_path=synthetic.ADE_IMG_DIR,
-                                 seg_map_path=synthetic.ADE_ANN_DIR))
+                data_prefix=dict(img_path=datasets.ADE_IMG_DIR,
+                                 seg_map_path=datasets.ADE_ANN_DIR))
 
 
 def hook_line(**options):

@@ -317,17 +317,30 @@ def test_inplace_error_without_anomaly_propagates_unchanged(tmp_path):
 
 
 class _AnsweringHook(NanDetectHook):
-    """Answers like the tier-2 hook will: a bundle path and a summary."""
+    """Its run's trigger procedure answers with a bundle path and a summary
+    instead of its diagnosis."""
 
-    def on_nonfinite(self, event):
-        self.events = getattr(self, 'events', []) + [event]
-        return Answer(bundle='/dumps/iter_1', summary='diagnosis: data')
+    def before_train(self, runner):
+        super().before_train(runner)
+
+        def carry_out(plan, evidence):
+            self.events = getattr(self, 'events', []) + [plan.event]
+            return plan.event, Answer(bundle='/dumps/iter_1',
+                                      summary='diagnosis: data')
+
+        self._run.procedure._carry_out = carry_out
 
 
 class _FailingHook(NanDetectHook):
+    """Its run's trigger procedure fails before the step's fate."""
 
-    def on_nonfinite(self, event):
-        raise OSError('disk full')
+    def before_train(self, runner):
+        super().before_train(runner)
+
+        def carry_out(plan, evidence):
+            raise OSError('disk full')
+
+        self._run.procedure._carry_out = carry_out
 
 
 def test_listener_gets_the_event_first_and_its_answer_is_reported(tmp_path):
