@@ -13,8 +13,10 @@ they compare equal to, and serialize as, their value
 (``Trigger.LOSS == 'loss'``).
 """
 import copy
+import dataclasses
 import enum
 import math
+from typing import List, Optional
 
 
 class _StrEnum(str, enum.Enum):
@@ -363,7 +365,7 @@ class ReplayResult(object):
         error (dict, optional): ``phase``, ``type``, ``message``,
             ``traceback``, ``frames`` of an exception the replay raised.
         anomaly (AnomalyRecord, optional): Anomaly mode's messages.
-        backward (dict, optional): The first backward node that made a
+        backward (Origin, optional): The first backward node that made a
             non-finite gradient from finite ones.
     """
 
@@ -463,6 +465,106 @@ def verified_fix(fixes):
     return verified[0] if verified else None
 
 
+@dataclasses.dataclass
+class Origin(object):
+    """Where a replay saw the first non-finite value made: the forward's
+    producer (``Report.forward``) or the backward node
+    (``Report.backward``).
+
+    Args:
+        op (str, optional): The op (an autograd node's name in backward).
+        module (str, optional): The module's path in the model.
+        location (str, optional): ``file:line`` of the user's code.
+        code (str, optional): That source line.
+        nan, inf (int): Non-finite elements of its output, by kind.
+        stack (str, optional): The user's frames, formatted (until the
+            report's ``traceback`` takes the one shown).
+        call (str, optional): The forward's module call (forward only).
+    """
+
+    op: Optional[str] = None
+    module: Optional[str] = None
+    location: Optional[str] = None
+    code: Optional[str] = None
+    nan: int = 0
+    inf: int = 0
+    stack: Optional[str] = None
+    call: Optional[str] = None
+
+    def to_dict(self):
+        """As ``report.json`` stores it (``stack`` and ``call`` only where
+        set)."""
+        data = dataclasses.asdict(self)
+        for name in ('stack', 'call'):
+            if data[name] is None:
+                del data[name]
+        return data
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read back :meth:`to_dict`; ``None`` stays ``None``."""
+        if data is None:
+            return None
+        return cls(**dict((f.name, data.get(f.name))
+                          for f in dataclasses.fields(cls)
+                          if f.name in data))
+
+
+@dataclasses.dataclass
+class Divergence(object):
+    """Where a divergence before a trigger began, and what it looked like
+    (``Report.divergence``, and a bundle's manifest).
+
+    Args:
+        began_at (int): The iteration it began at.
+        series (str): ``'loss'``, ``'grad_norm'`` or ``'weights'``.
+        factor (float): How many times its band's median (the starting
+            value of a blow-up; the largest weight at the start of training)
+            the value reached.
+        value (float): The value reached.
+        median (float): What ``factor`` is over.
+        lr (float, optional): The learning rate where it began.
+        spikes (int): Spikes before the trigger.
+        rise (dict): The values from where it began to the trigger:
+            ``series`` and ``values`` (``[iter, value]`` pairs, ``None``
+            where some are left out).
+        grown (list[dict]): The parameters whose norms grew most: ``name``,
+            ``before``, ``after``, ``ratio``.
+        clip_max_norm (float, optional): A ``clip_grad`` value (twice the
+            clean band's median gradient norm).
+        amp (bool): The run used AMP.
+        symptom_kind (str, optional): The kind the replay found, which the
+            divergence explains.
+    """
+
+    began_at: int
+    series: str
+    factor: float
+    value: float
+    median: float
+    lr: Optional[float] = None
+    spikes: int = 0
+    rise: dict = dataclasses.field(default_factory=dict)
+    grown: List[dict] = dataclasses.field(default_factory=list)
+    clip_max_norm: Optional[float] = None
+    amp: bool = False
+    symptom_kind: Optional[str] = None
+
+    def to_dict(self):
+        """As ``report.json`` and the manifest store it."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data):
+        """Read back :meth:`to_dict`; ``None`` (or an empty record) stays
+        ``None``."""
+        if not data:
+            return None
+        return cls(**dict((f.name, data[f.name])
+                          for f in dataclasses.fields(cls)
+                          if f.name in data))
+
+
 # report.json's schema version.
 REPORT_FORMAT_VERSION = 1
 
@@ -506,6 +608,8 @@ _REPORT_FIELDS = (
     ('fixes_s', None),
 )
 _SAMPLE_FIELDS = ('samples', 'batch_problems')
+# Fields held as a typed record, stored as its dict.
+_TYPED = dict(forward=Origin, backward=Origin, divergence=Divergence)
 
 
 class Report(object):
@@ -542,9 +646,11 @@ class Report(object):
         traceback (str, optional): What the report says.
         losses, nonfinite_losses, grad_norm, nonfinite_grads,
         nonfinite_grad_count: What the replay measured.
-        forward, backward, overflow, exception (dict, optional): Details of
-            each finding.
-        divergence (dict, optional): Where a divergence began (see
+        forward, backward (Origin, optional): Where the forward, or a
+            backward node from finite gradients, made the first non-finite
+            value.
+        overflow, exception (dict, optional): Details of those findings.
+        divergence (Divergence, optional): Where a divergence began (see
             :func:`mmnanhook.diagnosis.divergence_evidence`).
         largest_param (dict, optional): ``name``, ``max_abs``.
         amp_dtype (str, optional): The autocast dtype replayed.
@@ -587,6 +693,8 @@ class Report(object):
             if name in _SAMPLE_FIELDS or name in ('fixes', 'ranks',
                                                   'config_findings'):
                 value = [s.to_dict() for s in value]
+            elif name in _TYPED and value is not None:
+                value = value.to_dict()
             elif name == 'kind' and value is not None:
                 value = value.value
             data[name] = value
@@ -610,6 +718,9 @@ class Report(object):
         if 'config_findings' in known:
             known['config_findings'] = [ConfigFinding.from_dict(f) for f in
                                         known['config_findings'] or []]
+        for name, record in _TYPED.items():
+            if name in known:
+                known[name] = record.from_dict(known[name])
         if known.get('kind') not in (None, ) + KINDS:
             known['kind'] = None
         return cls(**known)

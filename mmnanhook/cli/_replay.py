@@ -11,7 +11,7 @@ from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
 from ..diagnosis import (angle_range_from_config, apply_divergence,
                          declared_sizes, diagnose, train_pipeline)
 from ..errors import BundleError
-from ..records import Report
+from ..records import Divergence, Report
 from ..report import explain_by_config, finalize
 from ..sentinel import restore_rng
 
@@ -115,7 +115,8 @@ def replay_bundle(path, device='cpu', fp32=False):
         pipeline=train_pipeline(cfg), sources=_sources(bundle),
         retry=bundle.manifest.get('trigger') != 'spike')
     # What the run knew of a divergence before the trigger, again.
-    if apply_divergence(report, bundle.manifest.get('divergence'),
+    if apply_divergence(report,
+                        Divergence.from_dict(bundle.manifest.get('divergence')),
                         bundle.manifest.get('rewind')):
         finalize(report)
     # The run's config findings are facts of its before_train, kept in

@@ -34,11 +34,11 @@ def _explain_exception(report, replay, watch):
     report.traceback = text
 
 
-def _locate(report, detail):
+def _locate(report, origin):
     for key in ('module', 'op', 'location', 'code'):
-        setattr(report, key, detail[key])
-    if detail.get('stack'):
-        report.traceback = detail['stack']
+        setattr(report, key, getattr(origin, key))
+    if origin.stack:
+        report.traceback = origin.stack
 
 
 def classify(report, main):
@@ -79,4 +79,5 @@ def fill_location(report, main, watch):
             report.module = report.overflow['module']
     for key in ('forward', 'backward'):
         if getattr(report, key) is not None:
-            getattr(report, key).pop('stack', None)
+            # The report's traceback holds the one shown.
+            getattr(report, key).stack = None

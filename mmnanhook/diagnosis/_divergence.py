@@ -7,8 +7,10 @@ where the overflow finally happened. :func:`divergence_evidence` reads the
 history for that story; :func:`apply_divergence` makes it the report's kind
 (``'divergence'``), except for a data fault, whose cause is concrete.
 """
+import dataclasses
 import math
 
+from ..records import Divergence
 from ._fixes import lower_lr_fix
 
 # A run of at least this many rising finite values, ending this many times
@@ -103,11 +105,8 @@ def divergence_evidence(records, spikes, reference_norms=None,
         amp (bool): Whether the run used AMP.
 
     Returns:
-        dict | None: ``began_at``, ``series``, ``factor``, ``value``,
-        ``median``, ``lr``, ``spikes`` (their count), ``rise`` (the values
-        from where it began to the trigger), ``grown`` (the
-        parameters whose norms grew most), ``clip_max_norm``, ``amp``; or
-        ``None`` when nothing diverged before the trigger.
+        Divergence | None: ``None`` when nothing diverged before the
+        trigger.
     """
     start = None
     if spikes:
@@ -123,7 +122,7 @@ def divergence_evidence(records, spikes, reference_norms=None,
                 start = found
     if start is None:
         return None
-    evidence = dict(
+    return Divergence(
         began_at=start['iter'], series=start['series'],
         factor=start['factor'], value=start['value'], median=start['median'],
         lr=_lr_at(records, start['iter']), spikes=len(spikes or []),
@@ -132,7 +131,6 @@ def divergence_evidence(records, spikes, reference_norms=None,
         clip_max_norm=(2.0 * grad_median if _finite(grad_median)
                        and grad_median > 0 else None),
         amp=bool(amp))
-    return evidence
 
 
 def weight_evidence(records, largest, start, amp=False):
@@ -148,7 +146,7 @@ def weight_evidence(records, largest, start, amp=False):
         amp (bool): Whether the run used AMP.
 
     Returns:
-        dict | None: As :func:`divergence_evidence`, with ``series``
+        Divergence | None: As :func:`divergence_evidence`, with ``series``
         ``'weights'`` and ``began_at`` the last update step applied before
         the trigger; ``None`` when the weights did not blow up.
     """
@@ -162,7 +160,7 @@ def weight_evidence(records, largest, start, amp=False):
     norms = sorted(r['grad_norm'] for r in earlier
                    if r['iter'] < began and _finite(r.get('grad_norm')))
     median = norms[len(norms) // 2] if norms else None
-    return dict(
+    return Divergence(
         began_at=began, series='weights', factor=now / start, value=now,
         median=start, lr=_lr_at(records, began), spikes=0,
         rise=_rise(records, 'weights', began),
@@ -179,16 +177,17 @@ def apply_divergence(report, evidence, rewind=None):
 
     Args:
         report (Report): The diagnosis of the trigger.
-        evidence (dict, optional): :func:`divergence_evidence`'s answer.
+        evidence (Divergence, optional): :func:`divergence_evidence`'s
+            answer.
         rewind (dict, optional): ``lr_factor`` and ``cooldown`` of the
             rewind about to be done.
 
     Returns:
         bool: Whether the report is now of kind ``'divergence'``.
     """
-    if not evidence or report.kind == 'data':
+    if evidence is None or report.kind == 'data':
         return False
-    report.divergence = dict(evidence, symptom_kind=(
+    report.divergence = dataclasses.replace(evidence, symptom_kind=(
         report.kind.value if report.kind is not None else None))
     report.kind = 'divergence'
     report.fixes = [lower_lr_fix(report.divergence, rewind)]

@@ -278,12 +278,12 @@ def lower_lr_fix(divergence, rewind=None):
     whether the lowered LR held); otherwise the record says what keeps one.
 
     Args:
-        divergence (dict): The report's divergence record.
+        divergence (Divergence): The report's divergence.
         rewind (dict, optional): ``lr_factor`` and ``cooldown`` of the rewind
             about to be done.
     """
-    lr = divergence.get('lr')
-    began = divergence.get('began_at')
+    lr = divergence.lr
+    began = divergence.began_at
     if rewind is not None:
         return Fix(FixKind.LOWER_LR,
                    "lower the LR x{:g} for {} update steps from the last good "

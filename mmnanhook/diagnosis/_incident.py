@@ -127,8 +127,8 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             :func:`default_dump_dir`), how many (``max_dumps``; 0 writes
             none), with the optimizer state or not, whether to replay, and
             with anomaly mode or not.
-        divergence (dict, optional): Evidence of a divergence before the
-            trigger (:func:`~mmnanhook.diagnosis.divergence_evidence`).
+        divergence (Divergence, optional): Evidence of a divergence before
+            the trigger (:func:`~mmnanhook.diagnosis.divergence_evidence`).
         start_weight (float, optional): The largest ``|weight|`` when
             training started: a weight grown far beyond it is evidence of a
             divergence too (:func:`weight_evidence`).
@@ -229,8 +229,9 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
             start_attributes.restore()
         pictures = _pictures(model, data_batch, report, found)
     if max_dumps:
-        manifest = render_manifest(event, runner.epoch, amp_dtype, found,
-                                   divergence)
+        manifest = render_manifest(
+            event, runner.epoch, amp_dtype, found,
+            divergence.to_dict() if divergence is not None else None)
         if manifest['iter'] is None:
             manifest['iter'] = runner.iter
         manifest['run'] = getattr(runner, 'timestamp', None)

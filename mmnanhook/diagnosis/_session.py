@@ -9,7 +9,7 @@ import torch
 
 from .. import compat
 from .._anomaly import is_anomaly_nan_error
-from ..records import ReplayResult
+from ..records import Origin, ReplayResult
 from ..sentinel import GradNorms, describe_losses, loss_terms
 from ._backward import BackwardWatch, anomaly_mode
 from ._frames import (format_user_frames, node_traceback, parse_frames,
@@ -150,15 +150,11 @@ def backward_detail(producer, owner):
     node = producer['node']
     frames = replay_frames(parse_frames(node_traceback(node) or ''))
     location, code = user_location(frames)
-    return {
-        'op': producer['op'],
-        'module': display_name(owner(node)) if owner is not None else None,
-        'location': location,
-        'code': code,
-        'nan': producer['nan'],
-        'inf': producer['inf'],
-        'stack': format_user_frames(frames),
-    }
+    return Origin(
+        op=producer['op'],
+        module=display_name(owner(node)) if owner is not None else None,
+        location=location, code=code, nan=producer['nan'],
+        inf=producer['inf'], stack=format_user_frames(frames))
 
 
 def forward_detail(producer, found):
@@ -168,13 +164,7 @@ def forward_detail(producer, found):
     op = producer['op']
     if found is not None:
         location, code, op = found['location'], found['code'], found['op']
-    return {
-        'module': display_name(producer['module']),
-        'call': producer['call'],
-        'op': op,
-        'location': location,
-        'code': code,
-        'nan': producer['nan'],
-        'inf': producer['inf'],
-        'stack': format_user_frames(frames),
-    }
+    return Origin(
+        module=display_name(producer['module']), call=producer['call'],
+        op=op, location=location, code=code, nan=producer['nan'],
+        inf=producer['inf'], stack=format_user_frames(frames))

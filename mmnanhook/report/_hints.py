@@ -195,26 +195,28 @@ def _keyed_hints(report):
 
 
 def _divergence_hints(report):
-    d = report.divergence or {}
-    lr = d.get('lr')
+    d = report.divergence
+    if d is None:
+        return []
+    lr = d.lr
     hints = [(FixKind.LOWER_LR,
         'The {} blew up from iter {} on{}: lower the learning rate{} or '
         'lengthen the warmup (`param_scheduler` LinearLR with a larger '
         '`end`, e.g. 1000 iterations).'.format(
-            divergence_words(d)[0], d.get('began_at'),
+            divergence_words(d)[0], d.began_at,
             ' (lr {} there)'.format(format_value(lr)) if lr is not None
             else '',
             ' (e.g. optim_wrapper.optimizer.lr={})'.format(
                 format_value(lr / 10.0)) if lr else ''))]
-    clip = d.get('clip_max_norm')
+    clip = d.clip_max_norm
     if clip:
         hints.append((None,
             'Clip the gradient norm: `optim_wrapper.clip_grad=dict('
             'max_norm={}, norm_type=2)` (twice the median gradient norm of '
             'the iterations before).'.format(format_value(clip))))
-    grown = d.get('grown') or []
+    grown = d.grown
     if grown:
-        weights = d.get('series') == 'weights'
+        weights = d.series == 'weights'
         hints.append((None, 'The {} that grew most since {}: {}.'.format(
             'weights' if weights else 'parameter norms',
             'training started' if weights else 'the last good state',
@@ -222,7 +224,7 @@ def _divergence_hints(report):
                                              format_value(g['before']),
                                              format_value(g['after']))
                       for g in grown))))
-    if d.get('amp'):
+    if d.amp:
         hints.append((None, 'Under AMP a diverging run also drives the loss '
                       "scale down: keep `loss_scale='dynamic'` and check "
                       '`train/loss_scale`.'))

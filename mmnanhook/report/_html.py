@@ -128,17 +128,17 @@ def _divergence(report):
     if not d:
         return ''
     name, over = divergence_words(d)
-    rows = [('began at iteration', d.get('began_at')),
+    rows = [('began at iteration', d.began_at),
             ('series', name),
-            ('value', format_value(d.get('value'))),
-            ('factor', '{}x {}'.format(format_value(d.get('factor')), over)),
+            ('value', format_value(d.value)),
+            ('factor', '{}x {}'.format(format_value(d.factor), over)),
             ('rise', rise_words(d) or ''),
-            ('lr there', format_value(d.get('lr'))),
-            ('spikes before the trigger', d.get('spikes'))]
+            ('lr there', format_value(d.lr)),
+            ('spikes before the trigger', d.spikes)]
     grown = ''.join('<tr><td><code>{}</code></td><td>{}</td><td>{}</td></tr>'
                     .format(_e(g['name']), _e(format_value(g['before'])),
                             _e(format_value(g['after'])))
-                    for g in d.get('grown') or [])
+                    for g in d.grown)
     table = ''.join('<tr><th>{}</th><td>{}</td></tr>'.format(_e(k), _e(v))
                     for k, v in rows)
     if grown:

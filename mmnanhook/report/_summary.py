@@ -41,12 +41,12 @@ def _first_line(message, limit=200):
     return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
-def _nonfinite_kind(detail):
-    if not detail:
+def _nonfinite_kind(origin):
+    if origin is None:
         return 'NaN/Inf'
-    if detail.get('nan') and detail.get('inf'):
+    if origin.nan and origin.inf:
         return 'NaN and Inf'
-    return 'NaN' if detail.get('nan') else 'Inf'
+    return 'NaN' if origin.nan else 'Inf'
 
 
 def _symptom(report):
@@ -117,8 +117,8 @@ def summarize(report):
         if forward is not None:
             text += '; before it, the forward made {} first in module ' \
                 "'{}' at {} ({})".format(_nonfinite_kind(forward),
-                                        forward['module'],
-                                        forward['location'], forward['op'])
+                                        forward.module, forward.location,
+                                        forward.op)
         return text
     if kind == 'overflow':
         over = report.overflow or {}
@@ -163,10 +163,11 @@ _SERIES = {'loss': 'loss', 'grad_norm': 'gradient norm',
 
 
 def divergence_words(divergence):
-    """``(series name, what the factor is over)`` of a divergence record,
-    e.g. ``('gradient norm', 'its median 1.3')``."""
-    series = divergence.get('series')
-    median = format_value(divergence.get('median'))
+    """``(series name, what the factor is over)`` of a
+    :class:`~mmnanhook.records.Divergence`, e.g. ``('gradient norm', 'its
+    median 1.3')``."""
+    series = divergence.series
+    median = format_value(divergence.median)
     if series == 'weights':
         return (_SERIES[series],
                 'the largest when training started, {}'.format(median))
@@ -176,7 +177,7 @@ def divergence_words(divergence):
 def rise_words(divergence):
     """The rise itself, e.g. ``'loss 1.81 -> 5.6 -> 7.8e+06 -> nan at
     iterations 0-3, lr 20'``, or ``None`` when the record has none."""
-    rise = divergence.get('rise') or {}
+    rise = divergence.rise or {}
     values = rise.get('values') or []
     shown = [v for v in values if v is not None]
     if not shown:
@@ -185,29 +186,30 @@ def rise_words(divergence):
         _SERIES.get(rise.get('series'), rise.get('series')),
         ' -> '.join('...' if v is None else format_value(v[1])
                     for v in values), shown[0][0], shown[-1][0])
-    if divergence.get('lr') is not None:
-        text += ', lr {}'.format(format_value(divergence['lr']))
+    if divergence.lr is not None:
+        text += ', lr {}'.format(format_value(divergence.lr))
     return text
 
 
 def _divergence_summary(report):
-    d = report.divergence or {}
+    d = report.divergence
+    if d is None:
+        return 'training diverged'
     name, over = divergence_words(d)
     text = 'training diverged from iter {}: the {} reached {}, {}x {}'.format(
-        d.get('began_at'), name, format_value(d.get('value')),
-        format_value(d.get('factor')), over)
+        d.began_at, name, format_value(d.value), format_value(d.factor),
+        over)
     rise = rise_words(d)
     if rise:
         text += ': ' + rise
-    elif d.get('lr') is not None:
-        text += ' (lr {})'.format(format_value(d['lr']))
-    if d.get('spikes'):
-        text += '; {} spike(s) before the trigger'.format(d['spikes'])
-    grown = d.get('grown') or []
-    if grown:
+    elif d.lr is not None:
+        text += ' (lr {})'.format(format_value(d.lr))
+    if d.spikes:
+        text += '; {} spike(s) before the trigger'.format(d.spikes)
+    if d.grown:
         text += "; '{}' grew most, {}x".format(
-            grown[0]['name'], format_value(grown[0]['ratio']))
-    symptom = d.get('symptom_kind')
+            d.grown[0]['name'], format_value(d.grown[0]['ratio']))
+    symptom = d.symptom_kind
     if symptom not in (None, 'not_reproduced'):
         text += '; it ended in {} ({})'.format(_symptom(report), symptom)
     return text

@@ -57,8 +57,8 @@ def format_report(report):
         name, over = divergence_words(divergence)
         rise = rise_words(divergence)
         lines.append('divergence: from iter {} ({} {}x {}){}'.format(
-            divergence.get('began_at'), name,
-            format_value(divergence.get('factor')), over,
+            divergence.began_at, name, format_value(divergence.factor),
+            over,
             ': ' + rise if rise else ''))
     for key in ('module', 'op', 'location'):
         if getattr(report, key) is not None:

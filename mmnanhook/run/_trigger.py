@@ -176,7 +176,7 @@ class TriggerProcedure(object):
         if not diverged:
             return {}
         snapshot, why = run.rewinder.target(
-            evidence['began_at'] if evidence else event.iter, ranks)
+            evidence.began_at if evidence is not None else event.iter, ranks)
         return dict(diverged=True, no_rewind=why,
                     rewind_to=snapshot.iter if snapshot is not None else None,
                     consecutive_rewinds=run.rewinder.consecutive)
