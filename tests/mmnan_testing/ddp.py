@@ -288,9 +288,9 @@ _DIFFS_KEPT = 40
 def capture_pictures(runner):
     """Compare the run before and after each handling of a trigger's
     diagnosis: :mod:`mmnan_testing.runstate`'s picture of ``runner`` taken
-    right before and right after the trigger procedure's call of
-    ``mmnanhook.diagnosis.diagnose_in_run`` (the micro-step search and every
-    replay of the diagnosis run inside it).
+    right before and right after ``mmnanhook.diagnosis._in_run._incident``,
+    this rank's part of a trigger's diagnosis (the micro-step search and every
+    replay run inside it; a rank that does not diagnose only exchanges).
 
     Returns:
         list[dict]: Per diagnosis on this rank, in order: ``iter``,
@@ -298,11 +298,11 @@ def capture_pictures(runner):
         :data:`_DIFFS_KEPT`), ``more`` (those left out), ``seconds`` (the
         diagnosis's, pictures excluded). Filled as the run goes.
     """
-    from mmnanhook.run import _trigger
+    from mmnanhook.diagnosis import _in_run
     seen = []
     _pictures['seen'] = seen
-    if not getattr(_trigger.diagnose_in_run, 'pictured', False):
-        incident = _trigger.diagnose_in_run
+    if not getattr(_in_run._incident, 'pictured', False):
+        incident = _in_run._incident
 
         def pictured(runner, *args, **kwargs):
             from mmnan_testing import runstate
@@ -321,7 +321,7 @@ def capture_pictures(runner):
         pictured.pictured = True
         # This rank's process trains one runner at a time; a later
         # scenario's call only points the records elsewhere.
-        _trigger.diagnose_in_run = pictured
+        _in_run._incident = pictured
     return seen
 
 
