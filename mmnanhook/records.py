@@ -12,11 +12,13 @@ rules' :class:`ConfigFinding` s (``mmnan doctor``, the hook's
 they compare equal to, and serialize as, their value
 (``Trigger.LOSS == 'loss'``).
 """
+from __future__ import annotations
+
 import copy
 import dataclasses
 import enum
 import math
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence, Union
 
 
 class _StrEnum(str, enum.Enum):
@@ -81,12 +83,22 @@ class NonFiniteEvent(object):
             gradient-only fault under accumulation; :meth:`at_micro_step`).
     """
 
-    def __init__(self, trigger, message, iter=None, epoch=None, rank=0,
-                 world_size=1, bad_ranks=None, losses=None,
-                 nonfinite_losses=None, bad_loss_iters=None, grad_norm=None,
-                 nonfinite_grads=None, nonfinite_grad_count=0,
-                 loss_scale=None, exception=None, forward_traceback=None,
-                 spikes=None, shared=False, bad_grad_iter=None):
+    def __init__(self, trigger: Union[Trigger, str], message: str,
+                 iter: Optional[int] = None, epoch: Optional[int] = None,
+                 rank: int = 0, world_size: int = 1,
+                 bad_ranks: Optional[Sequence[int]] = None,
+                 losses: Optional[Dict[str, float]] = None,
+                 nonfinite_losses: Optional[Sequence[str]] = None,
+                 bad_loss_iters: Optional[Sequence[int]] = None,
+                 grad_norm: Optional[float] = None,
+                 nonfinite_grads: Optional[Sequence[str]] = None,
+                 nonfinite_grad_count: int = 0,
+                 loss_scale: Optional[float] = None,
+                 exception: Optional[str] = None,
+                 forward_traceback: Optional[str] = None,
+                 spikes: Optional[Sequence[dict]] = None,
+                 shared: bool = False,
+                 bad_grad_iter: Optional[int] = None) -> None:
         if trigger not in TRIGGERS:
             raise ValueError('unknown trigger %r; one of %s' %
                              (trigger, ', '.join(TRIGGERS)))
@@ -178,7 +190,8 @@ class DataProblem(object):
 
     __slots__ = ('category', 'text', 'box')
 
-    def __init__(self, category, text, box=None):
+    def __init__(self, category: Union[ProblemCategory, str, None],
+                 text: str, box: Optional[int] = None) -> None:
         self.category = None if category is None else ProblemCategory(
             category)
         self.text = text
@@ -202,7 +215,8 @@ class SampleFinding(object):
 
     __slots__ = ('index', 'img_path', 'problems')
 
-    def __init__(self, index, img_path=None, problems=None):
+    def __init__(self, index: Optional[int], img_path: Optional[str] = None,
+                 problems: Optional[Sequence[DataProblem]] = None) -> None:
         self.index = index
         self.img_path = img_path
         self.problems = list(problems or [])
@@ -236,7 +250,8 @@ class Culprit(object):
 
     __slots__ = ('sample', 'rank')
 
-    def __init__(self, sample, rank=None):
+    def __init__(self, sample: SampleFinding,
+                 rank: Optional[int] = None) -> None:
         self.sample = sample
         self.rank = rank
 
@@ -272,10 +287,14 @@ class RankFinding(object):
     __slots__ = ('rank', 'kind', 'samples', 'iter', 'batch_size', 'drop',
                  'reason', 'nonfinite_data', 'reproduced', 'raises', 'error')
 
-    def __init__(self, rank, kind=None, samples=None, iter=None,
-                 batch_size=None, drop=None, reason=None,
-                 nonfinite_data=False, reproduced=None, raises=False,
-                 error=None):
+    def __init__(self, rank: int, kind: Optional[str] = None,
+                 samples: Optional[Sequence[SampleFinding]] = None,
+                 iter: Optional[int] = None,
+                 batch_size: Optional[int] = None,
+                 drop: Optional[Sequence[int]] = None,
+                 reason: Optional[str] = None, nonfinite_data: bool = False,
+                 reproduced: Optional[bool] = None, raises: bool = False,
+                 error: Optional[str] = None) -> None:
         self.rank = rank
         self.kind = kind
         self.samples = list(samples or [])
@@ -326,7 +345,8 @@ class ConfigFinding(object):
 
     __slots__ = ('rule', 'where', 'what', 'why', 'fix')
 
-    def __init__(self, rule, where, what, why, fix):
+    def __init__(self, rule: str, where: str, what: str, why: str,
+                 fix: str) -> None:
         self.rule = rule
         self.where = where
         self.what = what
@@ -422,8 +442,11 @@ class Fix(object):
 
     __slots__ = ('kind', 'fix', 'finite', 'loss', 'detail', 'samples', 'hint')
 
-    def __init__(self, kind, fix, finite=None, loss=None, detail=None,
-                 samples=None, hint=None):
+    def __init__(self, kind: Union[FixKind, str], fix: str,
+                 finite: Optional[bool] = None, loss: Optional[float] = None,
+                 detail: Optional[str] = None,
+                 samples: Optional[Sequence[int]] = None,
+                 hint: Optional[int] = None) -> None:
         self.kind = FixKind(kind)
         self.fix = fix
         self.finite = None if finite is None else bool(finite)
@@ -456,7 +479,7 @@ class Fix(object):
         return 'Fix(%s, %s: %r)' % (self.kind, self.status, self.fix)
 
 
-def verified_fix(fixes):
+def verified_fix(fixes: Optional[Sequence[Fix]]) -> Optional[Fix]:
     """The verified :class:`Fix` to act on first: one that verifies a hint
     (the most specific hint first), else the first verified; ``None`` when
     none is."""
@@ -661,7 +684,7 @@ class Report(object):
         **fields: Initial values; the others take their defaults.
     """
 
-    def __init__(self, **fields):
+    def __init__(self, **fields) -> None:
         for name, default in _REPORT_FIELDS:
             setattr(self, name,
                     fields.pop(name) if name in fields else
@@ -679,12 +702,12 @@ class Report(object):
     def kind(self, value):
         self._kind = None if value is None else Kind(value)
 
-    def verified_fix(self):
+    def verified_fix(self) -> Optional[Fix]:
         """The verified :class:`Fix` to act on first, or ``None``
         (:func:`verified_fix`)."""
         return verified_fix(self.fixes)
 
-    def to_dict(self):
+    def to_dict(self) -> dict:
         """``report.json``'s content (floats as they are; the bundle writer
         makes them strict JSON)."""
         data = {}

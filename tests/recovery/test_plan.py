@@ -165,6 +165,13 @@ def test_every_combination_keeps_the_rules(policy, spike_policy, kind,
     # A limit reached, or a rewind that cannot go back, raises.
     if plan.escalate:
         assert plan.action is RAISE
+    goes_back = handles == 'rewind' and kind not in ('forward', 'backward')
+    if goes_back and (known.get('no_rewind')
+                      or known.get('consecutive_rewinds')):
+        assert plan.action is RAISE and plan.rewind_to is None
+    elif goes_back and known.get('rewind_to') is not None \
+            and not known.get('consecutive_skips'):
+        assert plan.rewind_to == known['rewind_to']
     if (known.get('consecutive_skips') and kind != 'backward'
             and handles in ('skip', 'rewind', 'drop')):
         assert plan.action is RAISE and 'max_skips' in plan.escalate
