@@ -44,7 +44,6 @@ class HookRun(Listener):
 
     def __init__(self, options, runner, history, config_findings=()):
         self.options = options
-        self.config_findings = list(config_findings)
         self.policy = Policy(options.check, options.rewind,
                              options.quarantine.quarantine_skips)
         self.runner = runner
@@ -58,8 +57,8 @@ class HookRun(Listener):
         # A distributed run's ranks, the guard of its train steps'
         # collectives, and the model's modules that communicate in their
         # forward.
-        self.ranks, self.forward_guard, self.communicating = \
-            start_distributed(module, communicating_modules, runner.cfg)
+        self.ranks, self.forward_guard, communicating = start_distributed(
+            module, communicating_modules, runner.cfg)
         if self.forward_guard is not None and is_ddp(runner.model):
             # DDP's broadcasts from C++ at the start of its forward.
             self.forward_guard.watch(runner.model)
@@ -79,13 +78,8 @@ class HookRun(Listener):
         self.parsed = None
         self.step = StepState()
         self.rewound_at = None
-        # Which of the run's bundles hold a model state.
-        self.states = StateLedger(getattr(runner, 'timestamp', None),
-                                  every=options.dump_state == 'every')
         # Parameter norms when the current run of spikes began.
         self.spike_norms = None
-        # The largest |weight| training started from (exploding updates).
-        self.start_weight = (largest_param(module) or {}).get('max_abs')
         # The diagnosis and the quarantine look samples up by file: a large
         # dataset's index is walked in a child process from now on (forked
         # before the snapshot thread below starts).
@@ -110,7 +104,11 @@ class HookRun(Listener):
                 writes=self.ranks is None or self.ranks.writes)
         # The spike detector of the (first) sentinel: the run's spikes.
         self.spike_detector = self.sentinel.check.spikes
-        self.procedure = TriggerProcedure(self)
+        self.procedure = TriggerProcedure(
+            self, StateLedger(getattr(runner, 'timestamp', None),
+                              every=options.dump_state == 'every'),
+            communicating, config_findings,
+            (largest_param(module) or {}).get('max_abs'))
         # The sentinels hand a trigger straight to the procedure.
         self.on_trigger = self.procedure.update_step
         self.on_backward_raised = self.procedure.backward_raised

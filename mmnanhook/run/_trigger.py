@@ -43,10 +43,22 @@ class TriggerProcedure(object):
     Args:
         run (HookRun): The run: its parts (ranks, snapshots, the dropper,
             the quarantine) and what it kept of the current step.
+        states (StateLedger): Which of the run's bundles hold a model state.
+        communicating (list[tuple]): The model's modules that communicate in
+            their forward (DDP).
+        config_findings (list[ConfigFinding]): What the config rules found
+            in the run's config; a report names those that explain it.
+        start_weight (float, optional): The largest ``|weight|`` training
+            started from (exploding updates).
     """
 
-    def __init__(self, run):
+    def __init__(self, run, states, communicating=(), config_findings=(),
+                 start_weight=None):
         self.run = run
+        self.states = states
+        self.communicating = list(communicating)
+        self.config_findings = list(config_findings)
+        self.start_weight = start_weight
 
     # -- the entry points --------------------------------------------------
 
@@ -208,9 +220,9 @@ class TriggerProcedure(object):
             plan.level, plan.rewind_to is not None, plan.diagnosers,
             ranks=run.ranks if event.shared else None,
             collectives=guard.step_collectives() if guard else None,
-            communicating=run.communicating, states=run.states,
-            divergence=history.evidence, start_weight=run.start_weight,
-            config_findings=run.config_findings)
+            communicating=self.communicating, states=self.states,
+            divergence=history.evidence, start_weight=self.start_weight,
+            config_findings=self.config_findings)
         event, report, findings = found.event, found.report, found.findings
         prepare, quarantine = plan.after_diagnosis(event, report, findings)
         drop = self._drop(event, report, findings) if prepare else None
@@ -233,7 +245,7 @@ class TriggerProcedure(object):
             return run.dropper.plan(event, report, memory, undo)
         decision = drop_decision(
             findings, event.world_size,
-            run.forward_guard.communicates(run.communicating),
+            run.forward_guard.communicates(self.communicating),
             is_ddp(run.runner.model))
         if decision.reason is not None:
             # The same on every rank: it says why.
