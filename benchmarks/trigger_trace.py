@@ -13,7 +13,7 @@ another module of the package. The path is every module but those that
 work for one room (a diagnosis's replays, the report, the bundle, the
 quarantine's file: calls made *inside* ``diagnosis/``, ``report/``,
 ``bundle/``, ``quarantine/`` and ``doctor/`` are that room's own business)
-and the leaf modules every room uses as values (``records``, ``errors``,
+and the leaf modules every room uses as values (``records/``, ``errors``,
 ``options``, ``compat``, ``_log``, ``_batch``, ``_patch``, ``_mmengine``,
 ``_anomaly``), which are not counted as callees either.
 
@@ -89,7 +89,7 @@ def crossings(calls):
             continue
         if caller.split('.')[0] in ROOMS_OF_THEIR_OWN:
             continue
-        if callee.split('.')[-1] in LEAVES or callee in LEAVES:
+        if callee.split('.')[0] in LEAVES:
             continue
         counted.append((caller, callee, name))
     return counted
