@@ -13,7 +13,7 @@ from .. import compat
 from .._log import log
 
 
-def capture_rng(numpy_state=None, random_state=None):
+def capture_rng(numpy_state=None, random_state=None, cuda=None):
     """Snapshot the torch CPU, CUDA, numpy and python ``random`` states.
 
     A few kilobytes of host copies. CUDA states are captured only once CUDA
@@ -26,6 +26,7 @@ def capture_rng(numpy_state=None, random_state=None):
             ``random``'s global states as ``np.random.get_state()`` and
             ``random.getstate()`` do (:class:`StepRng` answers again what
             it captured while a generator was not drawn from).
+        cuda (bool, optional): Whether CUDA is available, when known.
 
     Returns:
         dict: ``torch``, ``numpy``, ``random`` and, when CUDA is initialised,
@@ -36,7 +37,9 @@ def capture_rng(numpy_state=None, random_state=None):
         'numpy': (numpy_state or np.random.get_state)(),
         'random': (random_state or random.getstate)(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if cuda and torch.cuda.is_initialized():
         state['cuda'] = torch.cuda.get_rng_state_all()
     return state
 
@@ -69,10 +72,12 @@ class StepRng(object):
         self._random = _Unchanged(
             compat.python_mt_reader(), random.getstate,
             lambda state: getattr(generator, 'gauss_next', None) is state[2])
+        # The devices a process sees do not change while it runs.
+        self._cuda = torch.cuda.is_available()
 
     def capture(self):
         """:func:`capture_rng` now."""
-        return capture_rng(self._numpy, self._random)
+        return capture_rng(self._numpy, self._random, self._cuda)
 
 
 class _Unchanged(object):

@@ -64,8 +64,6 @@ class WrapperSentinel(object):
         # by the listener that catches a forward that raises: every backward
         # waits for their vote.
         self.ranks = None
-        # (hub, counter -> the value last logged there): see _count.
-        self._counted = (None, {})
 
     @property
     def options(self):
@@ -273,15 +271,13 @@ class WrapperSentinel(object):
         self._count('train/spikes', len(self.check.spikes.spikes))
 
     def _count(self, key, value):
-        """Log a counter when it changes (and first): LogProcessor shows a
-        counter's current value, which stays; an update costs about 10 us."""
+        """Log a counter where it changed (or is not yet): LogProcessor
+        shows a counter's current value, which stays; an update costs about
+        10 us."""
         hub = self.hub
-        if self._counted[0] is not hub:
-            self._counted = (hub, {})
-        counted = self._counted[1]
-        if counted.get(key) != value or key not in hub.log_scalars:
+        logged = hub.log_scalars.get(key)
+        if logged is None or logged.current() != value:
             hub.update_scalar(key, value)
-            counted[key] = value
 
     def skip(self, wrappers, spike=False, undo=None):
         """Leave the update step out: what its forwards wrote put back
