@@ -273,7 +273,8 @@ def python_mt_reader():
         if type(generator).__basicsize__ < offset + size:
             raise TypeError('not the layout read here')
         address = id(generator) + offset
-        return lambda: ctypes.string_at(address, size)
+        # The default keeps the generator alive as long as its reader.
+        return lambda kept=generator: ctypes.string_at(address, size)
 
     try:
         probe = random.Random(47)
