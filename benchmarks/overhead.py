@@ -193,7 +193,8 @@ def _run_model(name, build, iters, warmup, work_root, repeat, variants,
     """Train one runner per variant, in turns, one iteration each.
 
     Args:
-        probe (callable, optional): ``index -> Hook``: what else each
+        probe (callable, optional): ``index -> Hook`` (or a list of
+            hooks): what else each
             runner's iterations are measured by, registered after its timing
             hooks (it counts while the runner holds its turn).
         thread_name (str): Each runner's thread is this and its variant's
@@ -220,8 +221,9 @@ def _run_model(name, build, iters, warmup, work_root, repeat, variants,
         runner = Runner.from_cfg(cfg)
         for hook in _timing_hooks(turns, index, times[index]):
             runner.register_hook(hook)
-        if probe is not None:
-            runner.register_hook(probe(index))
+        probes = probe(index) if probe is not None else []
+        for hook in probes if isinstance(probes, list) else [probes]:
+            runner.register_hook(hook)
         runners[index] = runner
     errors = []
 

@@ -216,6 +216,82 @@ def clip_vector_norm(tensor, norm_type):
     return torch.norm(tensor, norm_type)
 
 
+def numpy_mt_reader():
+    """A reader of the key and position of numpy's global Mersenne Twister
+    as bytes (about 0.5 us), or ``None`` where it cannot be read so.
+
+    numpy >= 1.17 gives the address of a bit generator's C state
+    (``bit_generator.ctypes``); an ``MT19937``'s is its 624 key words and
+    its position. That layout is checked here on a generator of its own,
+    against ``get_state()``, before a draw and after one that regenerates
+    the key; ``None`` on older numpy or another layout.
+    """
+    import ctypes
+
+    import numpy as np
+    size = 624 * 4 + ctypes.sizeof(ctypes.c_int)
+
+    def reader(generator):
+        return lambda: ctypes.string_at(
+            generator._bit_generator.ctypes.state_address, size)
+
+    try:
+        probe = np.random.RandomState(47)
+        read = reader(probe)
+        for _ in range(2):
+            _, key, pos = probe.get_state()[:3]
+            raw = read()
+            if (raw[:624 * 4] != key.astype(np.uint32).tobytes()
+                    or ctypes.c_int.from_buffer_copy(raw, 624 * 4).value
+                    != pos):
+                return None
+            probe.random_sample(700)
+        # np.random.get_state is the global RandomState's, bound at import.
+        return reader(np.random.get_state.__self__)
+    except Exception:  # noqa: BLE001 - numpy < 1.17, or another layout
+        return None
+
+
+def python_mt_reader():
+    """A reader of the index and key of ``random``'s global Mersenne Twister
+    as bytes (about 0.5 us), or ``None`` where it cannot be read so.
+
+    ``random.getstate()`` makes 625 int objects (7 us, and a collection of
+    the young generation about every iteration when called every step).
+    CPython's generator object is its header, then an ``int`` index and
+    the 624 key words; that layout is checked here on a generator of its
+    own, against ``getstate()``, before a draw and after one that
+    regenerates the key; ``None`` on another interpreter or layout.
+    """
+    import ctypes
+    import random
+    import struct
+    offset = object.__basicsize__
+    size = ctypes.sizeof(ctypes.c_int) + 624 * 4
+
+    def reader(generator):
+        if type(generator).__basicsize__ < offset + size:
+            raise TypeError('not the layout read here')
+        address = id(generator) + offset
+        # The default keeps the generator alive as long as its reader.
+        return lambda kept=generator: ctypes.string_at(address, size)
+
+    try:
+        probe = random.Random(47)
+        read = reader(probe)
+        for _ in range(2):
+            words = probe.getstate()[1]
+            raw = read()
+            if raw != struct.pack('=i624I', words[624], *words[:624]):
+                return None
+            for _ in range(700):
+                probe.random()
+        # random.getstate is the global generator's, bound at import.
+        return reader(random.getstate.__self__)
+    except Exception:  # noqa: BLE001 - another interpreter or layout
+        return None
+
+
 # Public since torch 2.6: scales gradients by a precomputed total norm.
 clip_grads_with_norm_ = getattr(torch.nn.utils, 'clip_grads_with_norm_', None)
 

@@ -288,7 +288,7 @@ def _sync(norms, scale, losses):
     """
     total = norms.total
     device = total.device
-    losses = [loss.float().sum().to(device) for loss in losses]
+    losses = [_scalar(loss, device) for loss in losses]
     rank, world_size = get_dist_info()
     sharded = norms.sharded is not None
     power_by_sum = sharded and not math.isinf(norms.norm_type)
@@ -322,10 +322,10 @@ def _sync(norms, scale, losses):
     scalars = [total.float()]
     if scale is not None:
         scalars.append(scale.float().to(device))
-    packed = [torch.stack(scalars + losses)]
+    packed = torch.stack(scalars + losses)
     if flags is not None:
-        packed.append(flags)
-    values = torch.cat(packed).tolist()  # the one host sync
+        packed = torch.cat([packed, flags])
+    values = packed.tolist()  # the one host sync
     grad_norm = values[0]
     loss_scale = values[1] if scale is not None else None
     loss_values = values[len(scalars):len(scalars) + len(losses)]
@@ -344,6 +344,15 @@ def _sync(norms, scale, losses):
                      if loss_values else None)
     return (grad_norm, loss_scale, loss_values, mean_loss, bad_ranks,
             grad_ranks, rank, world_size, total)
+
+
+def _scalar(loss, device):
+    """``loss`` summed, as a float32 scalar on ``device``: the loss itself
+    when it is one already (each op is a few microseconds of host time)."""
+    if loss.dim() or loss.dtype is not torch.float32 \
+            or loss.device != device:
+        return loss.float().sum().to(device)
+    return loss
 
 
 def _param_names(context, params, indices):

@@ -6,6 +6,9 @@ from typing import Any, List, Optional
 from ..records import HISTORY_FIELDS
 
 
+_FIELDS = ('iter', ) + HISTORY_FIELDS
+
+
 def _as_float(value):
     return None if value is None else float(value)
 
@@ -90,23 +93,23 @@ class History(object):
             rewind (int, optional): The iteration whose snapshot this one
                 went back to.
         """
-        record = {
-            'iter': int(iter),
-            'loss': _as_float(loss),
-            'grad_norm': _as_float(grad_norm),
-            'lr': _as_float(lr),
-            'loss_scale': _as_float(loss_scale),
-        }
-        # Only when they happened: most records stay the plain five.
-        if spike:
-            record['spike'] = list(spike)
-        if rewind is not None:
-            record['rewind'] = int(rewind)
-        self._records.append(record)
+        # A tuple, made a dict only when the records are read (a trigger).
+        self._records.append((
+            int(iter), _as_float(loss), _as_float(grad_norm), _as_float(lr),
+            _as_float(loss_scale), list(spike) if spike else None,
+            None if rewind is None else int(rewind)))
 
     def records(self):
         """The kept records, oldest first, as a list of dicts."""
-        return [dict(record) for record in self._records]
+        records = []
+        for values in self._records:
+            record = dict(zip(_FIELDS, values[:5]))
+            # Only when they happened: most records stay the plain five.
+            for name, value in zip(('spike', 'rewind'), values[5:]):
+                if value is not None:
+                    record[name] = value
+            records.append(record)
+        return records
 
     def __len__(self):
         return len(self._records)

@@ -250,7 +250,7 @@ class WrapperSentinel(object):
             if done is not Action.APPLY:
                 # A drop's recomputation was checked, logged and applied.
                 return done is Action.DROP
-        self.hub.update_scalar('train/nan_skipped', self.check.skipped)
+        self._count('train/nan_skipped', self.check.skipped)
         # Only the norm of a step that is applied: a skipped step's
         # non-finite norm would stay in the windows LogProcessor smooths.
         self.hub.update_scalar('train/grad_norm', outcome.grad_norm)
@@ -275,7 +275,16 @@ class WrapperSentinel(object):
         elif outcome.spikes:
             for spike in outcome.spikes:
                 log('mmnanhook: %r' % spike, logging.WARNING)
-        hub.update_scalar('train/spikes', len(self.check.spikes.spikes))
+        self._count('train/spikes', len(self.check.spikes.spikes))
+
+    def _count(self, key, value):
+        """Log a counter where it changed (or is not yet): LogProcessor
+        shows a counter's current value, which stays; an update costs about
+        10 us."""
+        hub = self.hub
+        logged = hub.log_scalars.get(key)
+        if logged is None or logged.current() != value:
+            hub.update_scalar(key, value)
 
     def skip(self, wrappers, spike=False, undo=None):
         """Leave the update step out: what its forwards wrote put back

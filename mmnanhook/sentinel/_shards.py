@@ -15,6 +15,9 @@ from mmengine.dist import get_world_size
 
 from .. import compat
 
+# The type of every gradient outside FSDP (one lookup each, in C).
+_PLAIN = frozenset((torch.Tensor, ))
+
 
 def local_grads(params, grads, sharded_ids=None, norm_type=2.0):
     """The gradients as local tensors, and which of them are shards.
@@ -32,7 +35,7 @@ def local_grads(params, grads, sharded_ids=None, norm_type=2.0):
         plain single-process or DDP case. Every rank of one model answers
         ``None`` alike, so every rank makes the same all-reduce.
     """
-    if sharded_ids is None and all(type(g) is torch.Tensor for g in grads):
+    if sharded_ids is None and set(map(type, grads)) <= _PLAIN:
         return grads, None
     dtensor = compat.dtensor_type()
     world_size = get_world_size()

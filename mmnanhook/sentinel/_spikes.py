@@ -11,6 +11,7 @@ second condition keeps a series whose values are all of one magnitude from
 flagging its ordinary noise, the first keeps a series with a tiny MAD (a
 plateau) from flagging a small step.
 """
+import bisect
 import collections
 import math
 
@@ -19,7 +20,10 @@ _MAD_TO_STD = 1.4826
 
 
 def _median(values):
-    ordered = sorted(values)
+    return _sorted_median(sorted(values))
+
+
+def _sorted_median(ordered):
     n = len(ordered)
     mid = n // 2
     return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
@@ -69,19 +73,26 @@ class SeriesBand(object):
 
     def __init__(self, window=50, warmup=20, factor=4.0, threshold=6.0):
         self.values = collections.deque(maxlen=window)
+        # The same values in order: the median of every step without a sort.
+        self._ordered = []
         self.warmup = warmup
         self.factor = factor
         self.threshold = threshold
 
     def band(self):
         """``(median, upper edge)``, or ``None`` during the warm-up."""
+        median = self._median()
+        return None if median is None else (median, self._high(median))
+
+    def _median(self):
         if len(self.values) < max(self.warmup, 1):
             return None
-        median = _median(self.values)
+        return _sorted_median(self._ordered)
+
+    def _high(self, median):
         mad = _median([abs(v - median) for v in self.values])
-        high = max(median * self.factor,
+        return max(median * self.factor,
                    median + self.threshold * _MAD_TO_STD * mad)
-        return median, high
 
     def judge(self, value):
         """Whether ``value`` is a spike; a value that is not joins the band.
@@ -91,10 +102,19 @@ class SeriesBand(object):
         """
         if value is None or not math.isfinite(value):
             return None
-        band = self.band()
-        if band is not None and value > band[1]:
-            return band
-        self.values.append(value)
+        median = self._median()
+        # The upper edge is at least factor x the median: the MAD is needed
+        # only above that, rarely.
+        if median is not None and value > median * self.factor:
+            high = self._high(median)
+            if value > high:
+                return median, high
+        values = self.values
+        if len(values) == values.maxlen:
+            ordered = self._ordered
+            del ordered[bisect.bisect_left(ordered, values[0])]
+        values.append(value)
+        bisect.insort(self._ordered, value)
         return None
 
 
@@ -138,5 +158,5 @@ class SpikeDetector(object):
 
     def median(self, series):
         """The current median of ``series``, or ``None`` before any value."""
-        values = self.bands[series].values
-        return _median(values) if values else None
+        band = self.bands[series]
+        return _sorted_median(band._ordered) if band.values else None

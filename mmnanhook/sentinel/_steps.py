@@ -12,7 +12,7 @@ import collections
 import torch
 
 from ._attributes import Attributes
-from ._rng import capture_rng
+from ._rng import StepRng
 
 
 class StepMemory(object):
@@ -29,6 +29,7 @@ class StepMemory(object):
     def __init__(self, window=1, preprocessor=None):
         self.window = max(1, int(window))
         self._steps = collections.OrderedDict()
+        self._rng = StepRng()
         self._preprocessor = list(preprocessor.modules()) if isinstance(
             preprocessor, torch.nn.Module) else []
 
@@ -50,7 +51,7 @@ class StepMemory(object):
             attributes (Attributes, optional): The data preprocessor's
                 attributes before its forward.
         """
-        self._steps[iter] = (data_batch, capture_rng(), attributes)
+        self._steps[iter] = (data_batch, self._rng.capture(), attributes)
         while len(self._steps) > self.window:
             self._steps.popitem(last=False)
 

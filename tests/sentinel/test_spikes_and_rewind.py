@@ -53,6 +53,42 @@ def test_no_false_spike_on_noise_and_warmup_and_a_real_one():
     assert spike.factor > 40 and 'loss spike at iter 10' in repr(spike)
 
 
+def _band_by_definition(values, factor, threshold=6.0):
+    """The band of the module docstring, from the values themselves."""
+    import statistics
+    median = statistics.median(values)
+    mad = statistics.median(abs(v - median) for v in values)
+    return median, max(median * factor,
+                       median + threshold * 1.4826 * mad)
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_band_judges_as_its_definition(seed):
+    rng = random.Random(seed)
+    window, warmup, factor = 12, 5, 3.0
+    band = SeriesBand(window=window, warmup=warmup, factor=factor)
+    kept = []
+    spikes = 0
+    for _ in range(400):
+        # Noise, repeats (ties in the ordered window), negatives, spikes.
+        value = rng.choice([rng.uniform(0.5, 1.5), 1.0, -0.5,
+                            rng.uniform(3.0, 40.0)])
+        expected = None
+        if len(kept) >= warmup:
+            median, high = _band_by_definition(kept, factor)
+            if value > high:
+                expected = (median, high)
+        judged = band.judge(value)
+        if expected is None:
+            assert judged is None
+            kept = (kept + [value])[-window:]
+        else:
+            spikes += 1
+            assert judged == pytest.approx(expected)
+        assert list(band.values) == kept
+    assert spikes > 10
+
+
 def test_clean_run_has_no_spike(tmp_path):
     runner = make_runner(tmp_path, hook=dict(type='NanDetectHook', **SPIKES),
                          max_iters=ITERS, n=2 * ITERS, optim_wrapper=STABLE)
@@ -335,3 +371,23 @@ def test_rewind_without_a_snapshot_older_than_the_divergence_stops(tmp_path):
     assert 'no snapshot older than iteration 8 to rewind to' in str(error)
     assert_same(params(runner), probe.before[12][0])
     assert _scalar(runner, 'train/rewinds') is None
+
+
+def test_counters_are_logged_when_they_change(tmp_path):
+    # Sample 4 is in iteration 2.
+    runner = make_runner(tmp_path, faults={4: 'nan_term'}, max_iters=6,
+                         hook=dict(type='NanDetectHook', policy='skip'),
+                         optim_wrapper=STABLE)
+    runner.train()
+    hub = runner.message_hub
+    # The value LogProcessor shows (a counter's current one), every
+    # iteration; an entry only where it changed.
+    assert list(hub.get_scalar('train/nan_skipped').data[0]) == [0, 1]
+    assert list(hub.get_scalar('train/spikes').data[0]) == [0]
+    assert len(hub.get_scalar('train/grad_norm').data[0]) == 5
+    # A run with a hub of its own logs them there from its first step.
+    again = make_runner(tmp_path / 'again', max_iters=2,
+                        hook=dict(type='NanDetectHook'),
+                        optim_wrapper=STABLE)
+    again.train()
+    assert again.message_hub.get_scalar('train/nan_skipped').current() == 0
