@@ -2,6 +2,11 @@
 
 mmnanhook supports Python 3.7+ and torch 1.7 through 2.13; code elsewhere
 calls these helpers instead of testing versions itself.
+
+Over 500 lines because it is one concern by rule: every version shim in one
+module (the project's compatibility rule), so that one reading shows every
+place a version, or a library's private layout (numpy's and CPython's
+Mersenne Twister state, DDP's reducer), is relied on.
 """
 import inspect
 import logging
