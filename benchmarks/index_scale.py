@@ -42,7 +42,6 @@ import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 
 import argparse
 import gc
-import multiprocessing
 import time
 
 from mmengine.structures import BaseDataElement
@@ -139,8 +138,7 @@ def main():
               getattr(index, 'searched', False)))
 
     # A later trigger: after any walk begun at prepare is done.
-    while any(child.name == 'mmnanhook-index'
-              for child in multiprocessing.active_children()):
+    while index._builder is not None and index._builder.poll() is None:
         time.sleep(0.05)
     print('walk: done %.1f s after prepare (%s)' % (
         time.perf_counter() - start, 'in a child' if index.builds else

@@ -366,6 +366,14 @@ def autocast(device_type, dtype):
     return None
 
 
+def valid_signals():
+    """Every signal number this platform has (``signal.valid_signals``,
+    Python 3.8+; on 3.7, those the ``signal`` module names)."""
+    import signal
+    valid = getattr(signal, 'valid_signals', None)
+    return valid() if valid is not None else set(signal.Signals)
+
+
 def distribution_version(names):
     """Installed version of the first of ``names`` found, else ``None``.
 

@@ -18,7 +18,9 @@ leg_config() {
         # setuptools < 82 keeps pkg_resources, which mmengine 0.10.7 needs for
         # every `package::` config (tests/test_docs.py loads the README's);
         # torch 2.13 asks for >= 77.0.3. docs/configuration.md tells users so.
-        test_pins=(pytest tensorboard==2.21.0 setuptools==80.10.2)
+        # pytest-timeout: a test that hangs fails with every thread's stack
+        # (pytest.ini's timeout).
+        test_pins=(pytest pytest-timeout==2.4.0 tensorboard==2.21.0 setuptools==80.10.2)
         requires=mmdet,mmseg
         ;;
     dota)
@@ -34,7 +36,7 @@ leg_config() {
         extra_pins=("torchvision==$TORCHVISION_VERSION" "numpy==$NUMPY_VERSION" "pillow==$PILLOW_VERSION"
                     "mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION")
         # The newest tensorboard for Python 3.8 (tests read event files back).
-        test_pins=(pytest tensorboard==2.14.0)
+        test_pins=(pytest pytest-timeout==2.4.0 tensorboard==2.14.0)
         requires=mmdet,mmrotate
         ;;
     *) echo "unknown leg $1 (modern|dota)" >&2; return 2 ;;

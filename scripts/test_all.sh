@@ -8,6 +8,9 @@
 # closing line), then one line per leg.  Either leg failing fails the run.
 # An interrupted run takes every process of both legs with it (each leg is a
 # session of its own: DDP workers, Chromium, subprocess tests included).
+# A leg still running after MMNANHOOK_LEG_TIMEOUT seconds (default 3600) is
+# stopped and fails, its log printed as any leg's: a hang outside a test (a
+# test's own hang is pytest-timeout's, pytest.ini) never holds the run.
 #   scripts/test_all.sh [pytest args]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,13 +19,15 @@ mkdir -p "$logs"
 legs=(modern dota)
 declare -A pid started rc
 
-stop_legs() {
+bound=${MMNANHOOK_LEG_TIMEOUT:-3600}
+
+stop_legs() {  # stop_legs [LEG...]: those legs (default: both)
     local leg
-    for leg in "${legs[@]}"; do
+    for leg in "${@:-${legs[@]}}"; do
         [ -n "${pid[$leg]:-}" ] && kill -TERM -- -"${pid[$leg]}" 2>/dev/null
     done
     sleep 2
-    for leg in "${legs[@]}"; do
+    for leg in "${@:-${legs[@]}}"; do
         [ -n "${pid[$leg]:-}" ] && kill -KILL -- -"${pid[$leg]}" 2>/dev/null
     done
 }
@@ -62,6 +67,12 @@ beat=$(date +%s)
 while [ "$running" -gt 0 ]; do
     for leg in "${legs[@]}"; do
         [ -n "${rc[$leg]:-}" ] && continue
+        if [ "$(elapsed "$leg")" -ge "$bound" ] && [ ! -s "$logs/$leg.rc" ]; then
+            echo "[test] FAILED: the $leg leg ran over its bound of $bound s" \
+                "(MMNANHOOK_LEG_TIMEOUT): stopped (its log's end says where)" >&2
+            stop_legs "$leg"
+            echo 124 >"$logs/$leg.rc"
+        fi
         if [ -s "$logs/$leg.rc" ] || ! alive "${pid[$leg]}"; then
             wait "${pid[$leg]}" 2>/dev/null
             # No exit code written: the leg was killed from outside.

@@ -24,8 +24,11 @@ tier() {  # tier NAME COMMAND...
     [ "$rc" -eq 0 ] || status=1
 }
 start=$(date +%s)
-tier everyday env MMNANHOOK_TEST_LOGS="$logs" scripts/test_all.sh -m 'not zoo_full' "$@"
-tier zoo env MMNANHOOK_TEST_LOGS="$logs/zoo" scripts/test_all.sh -m zoo_full "$@"
+# Each leg's bound: the Makefile's (exported), 30 and 60 min outside make.
+tier everyday env MMNANHOOK_TEST_LOGS="$logs" \
+    MMNANHOOK_LEG_TIMEOUT="${EVERYDAY_BOUND:-1800}" scripts/test_all.sh -m 'not zoo_full' "$@"
+tier zoo env MMNANHOOK_TEST_LOGS="$logs/zoo" \
+    MMNANHOOK_LEG_TIMEOUT="${ZOO_BOUND:-3600}" scripts/test_all.sh -m zoo_full "$@"
 tier mmengine env MMNANHOOK_TEST_LOGS="$logs" scripts/test_mmengine.sh "$@"
 tier wheel env MMNANHOOK_TEST_LOGS="$logs" scripts/test_wheel.sh
 echo

@@ -8,11 +8,13 @@ or SIGTERM; its progress kept for ``--resume``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 from typing import List, Optional
 
 from .. import compat
@@ -120,8 +122,27 @@ def _print_finding(item, paths=()):
 
 
 def _interrupt(signum, frame):
-    # A kill ends the scan as Ctrl-C does: its progress saved for --resume.
     raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _killed_as_interrupted():
+    """Meanwhile a kill (SIGTERM) ends the scan as Ctrl-C does: its
+    progress saved for --resume. The caller's handler is put back after:
+    :func:`main` may run inside a process whose SIGTERM is its own (a
+    notebook, a training script). Python runs handlers in the main thread
+    only: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        # None: a handler not installed from Python, which cannot be put
+        # back from Python either.
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 def _scan(args):
@@ -129,12 +150,13 @@ def _scan(args):
         return _bad_input('scan', '--resume needs --quarantine OUT: the '
                           'progress of a scan is kept beside its list')
     from ..doctor import DatasetError, scan_config
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        total, bad, _ = scan_config(
-            args.config, progress=not args.no_progress, show=args.show,
-            workers=args.workers, on_finding=_print_finding, fast=args.fast,
-            quarantine=args.quarantine, resume=args.resume)
+        with _killed_as_interrupted():
+            total, bad, _ = scan_config(
+                args.config, progress=not args.no_progress, show=args.show,
+                workers=args.workers, on_finding=_print_finding,
+                fast=args.fast, quarantine=args.quarantine,
+                resume=args.resume)
     except DatasetError as error:
         return _bad_input('scan', error)
     except KeyboardInterrupt:

@@ -14,13 +14,12 @@ and its image file's header only. The progress record is :mod:`._journal`.
 import contextlib
 import functools
 import gc
-import multiprocessing
 import os
-import signal
 import sys
 
 import torch
 
+from .._child import ChildFailed, can_fork, ordered_map
 from .._format import one_line
 from ..errors import DatasetError
 from ..diagnosis import angle_range_from_config
@@ -172,6 +171,9 @@ _WORK = None
 # Samples a worker checks per task: large enough to pay for the round trip,
 # small enough that findings come out as they are found.
 CHUNK = 16
+# Seconds without a chunk done after which the workers are given up on (one
+# killed by the OOM killer, or stopped): 16 samples take well under one.
+STALL = 300.0
 
 
 def _check_chunk(indices):
@@ -219,13 +221,10 @@ def _one_torch_thread():
         torch.set_num_threads(before)
 
 
-def _quiet_worker():
+def _worker_check(indices):
     # A worker's thread count is for its life: nothing to put back.
     torch.set_num_threads(1)
-    # Ctrl-C and a kill are the parent's to handle: it ends the pool and
-    # saves what is done; a worker dies as the parent terminates it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return _check_chunk(indices)
 
 
 def check_dataset(dataset, context, show=None, workers=1, start=0,
@@ -237,8 +236,9 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
         dataset: The train dataset.
         context (DatasetContext): What the checks need of the config.
         show (str, optional): Directory for the flagged samples' pictures.
-        workers (int): Processes checking chunks at once (forked, so they
-            share the dataset as built; 1: this process alone).
+        workers (int): Processes checking chunks at once (forked
+            strangers, :mod:`mmnanhook._child`, so they share the dataset
+            as built; 1: this process alone).
         start (int): The first index checked.
         fast (bool): Check each data info and its image file's header only
             (:func:`check_annotation`), not the pipeline's output.
@@ -262,21 +262,25 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
     rng = capture_rng()
     try:
         with _opencv_threads(opencv_threads):
-            forks = 'fork' in multiprocessing.get_all_start_methods()
-            if workers <= 1 or not forks:
+            if workers <= 1 or not can_fork():
                 with _one_torch_thread():
                     for chunk in chunks:
                         yield _check_chunk(chunk)
                 return
-            with _frozen_heap():
-                pool = multiprocessing.get_context('fork').Pool(
-                    workers, initializer=_quiet_worker)
-            try:
-                for done in pool.imap(_check_chunk, chunks):
-                    yield done
-            finally:
-                pool.terminate()
-                pool.join()
+            with contextlib.closing(ordered_map(
+                    _worker_check, chunks, workers, STALL)) as done:
+                try:
+                    with _frozen_heap():
+                        # The workers fork at the first result asked for.
+                        first = next(done, None)
+                    if first is not None:
+                        yield first
+                    for each in done:
+                        yield each
+                except ChildFailed as error:
+                    raise DatasetError('the check\'s worker processes '
+                                       'failed: {}; --workers 1 checks in '
+                                       'this process'.format(error))
     finally:
         _WORK = None
         restore_rng(rng)

@@ -28,10 +28,16 @@ searched one by one). Either way, every candidate is confirmed by its
 
 A large dataset is walked by a child process forked at ``before_train``
 (:func:`~._list.prepare_index`): it reads the dataset copy-on-write, takes
-none of the training process's locks (the GIL included), runs at the lowest
+none of the training process's locks (the GIL included: a thread would take
+the 11 s of a 1.7 million walk from the training thread), runs at the lowest
 priority (a core the training wants is the training's), and writes the
 arrays into shared memory, which the training process reads, and every
-dataloader worker forked later inherits without a copy. Until it is done,
+dataloader worker forked later inherits without a copy. It is a stranger to
+the training process (:mod:`mmnanhook._child`: none of its signal handlers,
+exit functions or frames run there) and never waited for without a bound:
+the run's end stops it (:meth:`SampleIndex.close`), and a lookup that waits
+for it gives up once it made no progress for :data:`STALLED` seconds (then
+walks in process). Until it is done,
 the lookups of a dataset that can be searched search it, so a trigger in
 the first iterations costs what it costs later (the index took 10 s and
 more on 1.7 million infos, and a trigger then waited for it); a dataset
@@ -43,13 +49,16 @@ at once (a reviewed quarantine list) cost less so.
 import collections
 import ctypes
 import hashlib
+import logging
 import mmap
-import multiprocessing
 import os
-import signal
+import time
 import weakref
 
 import numpy as np
+
+from .._child import REAP_WITHIN, Child, can_fork
+from .._log import log
 
 # Samples from which a dataset is walked in a forked child: below, the walk
 # at the first lookup costs under about 0.05 s (6 us a sample), no more than
@@ -60,8 +69,10 @@ BACKGROUND_FROM = 8192
 # they share its index.
 _SAME_INDICES = ('MultiImageMixDataset', )
 
-# prctl's option that signals a child when its parent ends.
-_PR_SET_PDEATHSIG = 1
+# Seconds a lookup that needs the walk's arrays waits for a child whose
+# progress stands still (it is stopped, or stuck) before it stops it and
+# walks in process: the child counts every sample it reads (6 us each).
+STALLED = 10.0
 
 # id(dataset) -> its SampleIndex, while the dataset lives.
 _INDEXES = {}
@@ -246,40 +257,38 @@ def _path(dataset, index):
     return (None, None) if path is None else (str(path), info)
 
 
-def _walk(dataset, digests, positions):
+def _walk(dataset, digests, positions, progress=None):
     """Fill ``digests`` (sorted) and ``positions`` (the dataset index of
-    each; ascending where digests are equal) from ``dataset``."""
+    each; ascending where digests are equal) from ``dataset``, counting the
+    samples read in ``progress[0]`` as it goes."""
     parts = bytearray()
     for index in range(len(digests)):
         path, _ = _path(dataset, index)
         # A sample without a file gets digest 0: a lookup that lands on it
         # is refused when confirmed.
         parts += _digest(path) if path is not None else bytes(8)
+        if progress is not None:
+            progress[0] = index
     unsorted = np.frombuffer(bytes(parts), dtype='<i8')
     order = np.argsort(unsorted, kind='stable')
     digests[:] = unsorted[order]
     positions[:] = order
 
 
-def _build_in_child(dataset, buffer, count):
-    # An interrupt from the terminal is the training process's to handle;
-    # a core the training (or its loader workers) wants is theirs.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _walk_in_child(dataset, buffer, count):
+    # A core the training (or its loader workers) wants is theirs.
     os.nice(19)
-    try:
-        # Linux: ends with the training process, however it ends.
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
-    except (OSError, AttributeError):
-        pass
     _walk(dataset, *_views(buffer, count))
 
 
 def _views(buffer, count):
-    # The digests, then the positions, in one shared buffer.
+    """The digests, the positions and the progress (one int64) in one
+    shared buffer."""
     digests = np.frombuffer(buffer, dtype='<i8', count=count)
+    progress = np.frombuffer(buffer, dtype='<i8', count=1, offset=8 * count)
     positions = np.frombuffer(buffer, dtype=_position_dtype(count),
-                              count=count, offset=8 * count)
-    return digests, positions
+                              count=count, offset=8 * count + 8)
+    return digests, positions, progress
 
 
 def _position_dtype(count):
@@ -306,7 +315,8 @@ class SampleIndex(object):
     Attributes:
         builds (int): How many times a walk of the dataset was begun for
             it (1 once begun, in this process or a child; 0 for a small
-            dataset that is searched).
+            dataset that is searched; one more each time a walk is done
+            again, in process, for one that did not end).
     """
 
     def __init__(self, dataset):
@@ -355,23 +365,17 @@ class SampleIndex(object):
         self._count = len(dataset) if hasattr(dataset, 'get_data_info') \
             else 0
         self.builds += 1
-        if background and self._count and \
-                'fork' in multiprocessing.get_all_start_methods():
+        if background and self._count and can_fork():
             # Anonymous shared memory: the child's writes are the parent's
             # (and its later workers') arrays.
             self._buffer = mmap.mmap(-1, (8 + np.dtype(_position_dtype(
-                self._count)).itemsize) * self._count)
-            builder = multiprocessing.get_context('fork').Process(
-                target=_build_in_child,
-                args=(dataset, self._buffer, self._count),
-                name='mmnanhook-index', daemon=True)
+                self._count)).itemsize) * self._count + 8)
             try:
-                builder.start()
-            except (AssertionError, OSError):
-                # A daemonic process may not have children; no fork left.
-                self._buffer = None
+                self._builder = Child(_walk_in_child,
+                                      (dataset, self._buffer, self._count))
+            except OSError:
+                self._buffer = None  # no fork left: walked here
             else:
-                self._builder = builder
                 return
         self._build_here()
 
@@ -395,12 +399,20 @@ class SampleIndex(object):
         return found[0], self.dataset.get_data_info(found[0])
 
     def close(self):
-        """Stop a walk still under way (the run ended before it)."""
+        """Stop a walk still under way (the run ended before it), within
+        the bound of :meth:`~mmnanhook._child.Child.stop`; a later lookup
+        that needs the arrays walks in process."""
         builder, self._builder = self._builder, None
-        if builder is not None and builder.is_alive():
-            builder.terminate()
-        if builder is not None:
-            builder.join()
+        if builder is None:
+            return
+        if builder.poll() is None and not builder.stop():
+            log('mmnanhook: the index walk (pid %d) was not gone %g s after '
+                'SIGKILL (stuck in the kernel): not waited for any longer'
+                % (builder.pid, REAP_WITHIN), logging.WARNING)
+        if builder.exitcode == 0:
+            self._adopt()
+        else:
+            self._buffer = None
 
     def _lookup(self, path):
         found = self._found.get(path)
@@ -428,29 +440,51 @@ class SampleIndex(object):
     def _arrays(self, wait):
         """The walk's arrays; ``None`` without ``wait`` when they are not
         there yet (no walk begun, or a child's under way)."""
-        if not self.builds:
-            if not wait:
-                return None
-            self.start(background=False)
         builder = self._builder
         if builder is not None:
-            if not wait and builder.is_alive():
-                return None
+            if builder.poll() is None:
+                if not wait:
+                    return None
+                self._wait_for(builder)
             self._builder = None
-            builder.join()
             if builder.exitcode == 0:
-                self._digests, self._positions = _views(self._buffer,
-                                                        self._count)
+                self._adopt()
             else:
                 self._buffer = None
-                if wait:
-                    # The child died (killed, out of memory), and nothing
-                    # else answers: walk here.
-                    self.builds += 1
-                    self._build_here()
+        if self._digests is None and wait:
+            if not self.builds:
+                self.start(background=False)
+            else:
+                # The child died (killed, out of memory), was stopped for
+                # standing still or by close(), and nothing else answers:
+                # walk here.
+                self.builds += 1
+                self._build_here()
         if self._digests is None:
             return None
         return self._digests, self._positions
+
+    def _wait_for(self, builder):
+        """Wait for the child's walk while it makes progress; one that made
+        none for :data:`STALLED` s (stopped, or stuck) is killed, and the
+        log says so."""
+        progress = _views(self._buffer, self._count)[2]
+        seen, since = int(progress[0]), time.monotonic()
+        while builder.wait(1.0) is None:
+            if int(progress[0]) != seen:
+                seen, since = int(progress[0]), time.monotonic()
+            elif time.monotonic() - since >= STALLED:
+                builder.stop()
+                log('mmnanhook: the index walk of the dataset (pid %d) made '
+                    'no progress for %g s at sample %d of %d (stopped or '
+                    'stuck): killed it; walking here' % (
+                        builder.pid, STALLED, seen, self._count),
+                    logging.WARNING)
+                return
+
+    def _adopt(self):
+        # The child's arrays, done, in the shared buffer.
+        self._digests, self._positions, _ = _views(self._buffer, self._count)
 
 
 def sample_index(dataset):

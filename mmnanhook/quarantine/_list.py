@@ -300,8 +300,13 @@ def prepare_index(dataset):
 
     Args:
         dataset: The train dataset, in ``before_train``.
+
+    Returns:
+        list[SampleIndex]: The indexes whose walk began in a child: the
+        run's end closes them (:meth:`SampleIndex.close`).
     """
     sources = [source for _, source, _ in mixers(dataset)]
+    started = []
     for each in [dataset] + sources:
         # A dataset whose infos are Python objects (``serialize_data=False``)
         # would be copied page by page into the child (its walk touches
@@ -309,7 +314,11 @@ def prepare_index(dataset):
         if hasattr(each, 'get_data_info') and len(
                 each) >= BACKGROUND_FROM and getattr(each, 'serialize_data',
                                                      True):
-            sample_index(each).start()
+            index = sample_index(each)
+            if not index.builds:
+                index.start()
+                started.append(index)
+    return started
 
 
 def start_quarantine(runner, reviewed=None, path=None, writes=True):

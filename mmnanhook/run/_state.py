@@ -83,7 +83,7 @@ class HookRun(Listener):
         # The diagnosis and the quarantine look samples up by file: a large
         # dataset's index is walked in a child process from now on (forked
         # before the snapshot thread below starts).
-        prepare_index(runner.train_dataloader.dataset)
+        self.walks = prepare_index(runner.train_dataloader.dataset)
         self.rewinder = None
         if self.policy.rewinds:
             self.rewinder = Rewinder(options.rewind, self.logger.log)
@@ -132,6 +132,10 @@ class HookRun(Listener):
                 part.remove()
         if self.ranks is not None:
             self.ranks.close()
+        # A walk still under way is of no use once the run ended.
+        for index in self.walks:
+            index.close()
+        self.walks = []
         self.memory.clear()
         self.buffers = self.micro_buffers = self.parsed = None
         self.settle()

@@ -24,6 +24,31 @@ def test_resume_needs_the_quarantine_file(tmp_path, capsys):
         'a scan is kept beside its list\n')
 
 
+@pytest.mark.mmdet
+@pytest.mark.parametrize('workers', ['1', '2'])
+def test_a_scan_in_process_puts_the_sigterm_handler_back(tmp_path, capsys,
+                                                         workers):
+    # A notebook's or a training script's handler (a preemption handler):
+    # before issue 52 the scan's stayed, and a child forked later by the
+    # process (the index walk) ran it when it was ended.
+    path, _ = probed_config(tmp_path, 'retinanet_voc', 8, {3: 'outside'})
+
+    def preempted(signum, frame):
+        pass
+
+    before = signal.signal(signal.SIGTERM, preempted)
+    try:
+        assert main(['scan', path, '--no-progress', '--workers',
+                     workers]) == 1
+        assert signal.getsignal(signal.SIGTERM) is preempted
+        assert main(['scan', str(tmp_path / 'missing.py')]) == 2
+        assert signal.getsignal(signal.SIGTERM) is preempted
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert 'scanned 8 samples: 1 with invalid ground truth' in \
+        capsys.readouterr().out
+
+
 def _record(listed):
     try:
         with open(listed + '.progress') as f:

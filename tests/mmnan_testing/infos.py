@@ -9,6 +9,7 @@ datasets keep them (``serialize_data=True``), and counts its
 in a second (made serialized), for a toy model (:class:`InfoModel`) on a
 real Runner.
 """
+import os
 import pickle
 import time
 
@@ -63,6 +64,23 @@ class InfoDataset(BaseDataset):
     def get_data_info(self, idx):
         self.calls += 1
         return super(InfoDataset, self).get_data_info(idx)
+
+
+class SlowInChild(object):
+    """A mixin for a dataset of this module: its data infos come
+    :attr:`slow` seconds each in any process but the one that built it (a
+    walk forked from it is under way for a while)."""
+
+    slow = 0.003
+
+    def __init__(self, *args, **kwargs):
+        self.owner = os.getpid()
+        super(SlowInChild, self).__init__(*args, **kwargs)
+
+    def get_data_info(self, idx):
+        if os.getpid() != self.owner:
+            time.sleep(self.slow)
+        return super(SlowInChild, self).get_data_info(idx)
 
 
 def fixed_path(index):

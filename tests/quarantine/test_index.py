@@ -11,8 +11,9 @@ mmengine datasets of data infos only (:mod:`mmnan_testing.infos`), in
 process; the first trigger on a real Runner; the composed guard on mmdet's
 Mosaic over 8 synthetic images.
 """
-import multiprocessing
+import gc
 import os
+import signal
 import statistics
 import time
 import uuid
@@ -23,14 +24,16 @@ from mmengine.dataset import (ClassBalancedDataset, ConcatDataset,
 from mmengine.runner import Runner
 from mmengine.structures import BaseDataElement
 
+from mmnanhook._child import REAP_WITHIN
 from mmnanhook.diagnosis import annotations, annotation_of
 from mmnanhook.quarantine import (FILE_NAME, Quarantine, prepare_index,
                                   read_quarantine, sample_index)
 from mmnanhook.quarantine import _index
 from mmnanhook.quarantine._index import BACKGROUND_FROM
 from mmnan_testing.infos import (InfoDataset, InfoInputs, InfoModel,
-                                 IterTimes, ManyInfosDataset, TailSampler,
-                                 fixed_path, objects365_path)
+                                 IterTimes, ManyInfosDataset, SlowInChild,
+                                 TailSampler, fixed_path, objects365_path)
+from mmnan_testing.preempt import alive
 
 # Files repeated, a sample that names none, and a path that holds another.
 PATHS = ['a.jpg', 'b.jpg', 'a.jpg', None, 'c.jpg', 'b.jpg', 'a.jpg',
@@ -182,18 +185,8 @@ def test_a_large_dataset_is_walked_in_a_child_from_before_train():
     assert searched.calls == 3 and made_up.calls == 2
 
 
-class _SlowChild(InfoDataset):
-    """Its data infos come slowly in another process (a walk there takes
-    25 s)."""
-
-    def __init__(self, paths):
-        self.owner = os.getpid()
-        super(_SlowChild, self).__init__(paths)
-
-    def get_data_info(self, idx):
-        if os.getpid() != self.owner:
-            time.sleep(0.003)
-        return super(_SlowChild, self).get_data_info(idx)
+class _SlowChild(SlowInChild, InfoDataset):
+    """A walk of it takes 25 s."""
 
 
 def test_a_lookup_does_not_wait_for_the_walk():
@@ -204,11 +197,76 @@ def test_a_lookup_does_not_wait_for_the_walk():
         start = time.perf_counter()
         assert index.indices(objects365_path(8000)) == [8000]
         assert time.perf_counter() - start < 5
-        walking = [p for p in multiprocessing.active_children()
-                   if p.name == 'mmnanhook-index']
-        assert walking and index.nbytes == 0
+        assert alive(index._builder.pid) and index.nbytes == 0
     finally:
         index.close()
+
+
+def test_a_walk_dropped_under_way_runs_no_handler_of_the_process(tmp_path):
+    # The pytest process with a preemption handler (SIGTERM: checkpoint,
+    # exit) when its dataset goes: before issue 52 its finalizer sent the
+    # walk's child SIGTERM, which ran that handler there.
+    dataset = _SlowChild([objects365_path(i) for i in range(BACKGROUND_FROM)])
+    written = str(tmp_path / 'handler')
+
+    def preempted(signum, frame):
+        with open('%s.%d' % (written, os.getpid()), 'w'):
+            pass
+        os._exit(143)
+
+    before = signal.signal(signal.SIGTERM, preempted)
+    try:
+        prepare_index(dataset)
+        pid = sample_index(dataset)._builder.pid
+        time.sleep(0.2)  # the child under way
+        start = time.perf_counter()
+        del dataset
+        gc.collect()
+        assert time.perf_counter() - start < REAP_WITHIN
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert not alive(pid) and os.listdir(str(tmp_path)) == []
+
+
+class _SlowMadeUp(SlowInChild, MadeUpPaths):
+    """Walked, never searched; slowly in a child."""
+
+
+def test_a_stopped_walk_is_waited_for_within_its_bound(monkeypatch):
+    # A lookup that needs the walk's arrays (a dataset that cannot be
+    # searched) while the walk's child is stopped: it gives up on it once
+    # its progress stood still for STALLED seconds, kills it, says so, and
+    # walks here.
+    monkeypatch.setattr(_index, 'STALLED', 1.0)
+    said = []
+    monkeypatch.setattr(_index, 'log', lambda line, level: said.append(line))
+    dataset = _SlowMadeUp([objects365_path(i)
+                           for i in range(BACKGROUND_FROM)])
+    index = sample_index(dataset)
+    index.start()
+    pid = index._builder.pid
+    os.kill(pid, signal.SIGSTOP)
+    start = time.perf_counter()
+    assert index.indices('root/' + objects365_path(5)) == [5]
+    assert time.perf_counter() - start < _index.STALLED + REAP_WITHIN + 5
+    assert not alive(pid) and index.builds == 2
+    assert len(said) == 1 and 'made no progress for 1 s' in said[0]
+
+
+def test_a_stopped_walk_is_closed_within_its_bound():
+    dataset = _SlowMadeUp([objects365_path(i)
+                           for i in range(BACKGROUND_FROM)])
+    index = sample_index(dataset)
+    index.start()
+    pid = index._builder.pid
+    os.kill(pid, signal.SIGSTOP)
+    start = time.perf_counter()
+    index.close()
+    assert time.perf_counter() - start < REAP_WITHIN
+    assert not alive(pid)
+    # A later lookup that needs the arrays walks in process.
+    assert index.indices('root/' + objects365_path(5)) == [5]
+    assert index.builds == 2
 
 
 class _ChildFails(MadeUpPaths):
@@ -232,7 +290,6 @@ def test_a_walk_that_failed_in_the_child_is_done_here():
 
 
 def test_one_index_per_dataset_while_it_lives():
-    import gc
     dataset = RepeatDataset(InfoDataset(PATHS), times=2)
     index = sample_index(dataset)
     assert sample_index(dataset) is index

@@ -391,3 +391,39 @@ def test_counters_are_logged_when_they_change(tmp_path):
                         optim_wrapper=STABLE)
     again.train()
     assert again.message_hub.get_scalar('train/nan_skipped').current() == 0
+
+
+def test_a_snapshot_copy_that_does_not_end_is_waited_for_within_a_bound(
+        monkeypatch):
+    # The copy's thread stuck (here: its norms never come): the step before
+    # which the copy is waited for goes on after SETTLE_WITHIN, without
+    # that snapshot, saying why (issue 52: no wait of ours is unbounded).
+    import threading
+    import time
+
+    from mmnanhook.sentinel import _rewind
+    release = threading.Event()
+    monkeypatch.setattr(_rewind, 'SETTLE_WITHIN', 0.5)
+    monkeypatch.setattr(_rewind, 'param_norms',
+                        lambda model: release.wait(60))
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    store = _rewind.SnapshotStore(interval=1)
+    store.take(0, model, [_optim_wrapper(optimizer)])
+    start = time.monotonic()
+    try:
+        store.settle()
+        assert time.monotonic() - start < 5
+        assert len(store) == 0 and store.failed == (
+            'the snapshot after iter 0 is not kept: its copy was not done '
+            'after 0.5 s')
+    finally:
+        release.set()
+
+
+def _optim_wrapper(optimizer):
+    """mmengine's wrapper of ``optimizer`` (what a snapshot reads)."""
+    from mmengine.optim import OptimWrapper
+    return OptimWrapper(optimizer)
