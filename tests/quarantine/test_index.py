@@ -232,6 +232,16 @@ class _SlowMadeUp(SlowInChild, MadeUpPaths):
     """Walked, never searched; slowly in a child."""
 
 
+def _stopped_walk():
+    """A :class:`_SlowMadeUp` (its index lives while it does), its index,
+    whose walk's child is stopped (SIGSTOP), and the child's pid."""
+    dataset = _SlowMadeUp([objects365_path(i) for i in range(BACKGROUND_FROM)])
+    index = sample_index(dataset)
+    index.start()
+    os.kill(index._builder.pid, signal.SIGSTOP)
+    return dataset, index, index._builder.pid
+
+
 def test_a_stopped_walk_is_waited_for_within_its_bound(monkeypatch):
     # A lookup that needs the walk's arrays (a dataset that cannot be
     # searched) while the walk's child is stopped: it gives up on it once
@@ -240,12 +250,7 @@ def test_a_stopped_walk_is_waited_for_within_its_bound(monkeypatch):
     monkeypatch.setattr(_index, 'STALLED', 1.0)
     said = []
     monkeypatch.setattr(_index, 'log', lambda line, level: said.append(line))
-    dataset = _SlowMadeUp([objects365_path(i)
-                           for i in range(BACKGROUND_FROM)])
-    index = sample_index(dataset)
-    index.start()
-    pid = index._builder.pid
-    os.kill(pid, signal.SIGSTOP)
+    dataset, index, pid = _stopped_walk()
     start = time.perf_counter()
     assert index.indices('root/' + objects365_path(5)) == [5]
     assert time.perf_counter() - start < _index.STALLED + REAP_WITHIN + 5
@@ -254,12 +259,7 @@ def test_a_stopped_walk_is_waited_for_within_its_bound(monkeypatch):
 
 
 def test_a_stopped_walk_is_closed_within_its_bound():
-    dataset = _SlowMadeUp([objects365_path(i)
-                           for i in range(BACKGROUND_FROM)])
-    index = sample_index(dataset)
-    index.start()
-    pid = index._builder.pid
-    os.kill(pid, signal.SIGSTOP)
+    dataset, index, pid = _stopped_walk()
     start = time.perf_counter()
     index.close()
     assert time.perf_counter() - start < REAP_WITHIN
