@@ -21,6 +21,7 @@ leg_config() {
         # pytest-timeout: a test that hangs fails with every thread's stack
         # (pytest.ini's timeout).
         test_pins=(pytest pytest-timeout==2.4.0 tensorboard==2.21.0 setuptools==80.10.2)
+        nodeps_pins=()
         requires=mmdet,mmseg
         ;;
     dota)
@@ -34,10 +35,17 @@ leg_config() {
         # numpy pinned (1.23.x): e2cnn, an mmrotate 1.0.0rc1 dependency, still uses the
         # np.float alias that numpy 1.24 removed.
         extra_pins=("torchvision==$TORCHVISION_VERSION" "numpy==$NUMPY_VERSION" "pillow==$PILLOW_VERSION"
-                    "mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION")
+                    "mmdet==$MMDET_VERSION" "mmrotate==$MMROTATE_VERSION"
+                    mmyolo==0.6.0 prettytable==3.11.0 scikit-image==0.21.0 scikit-learn==1.3.2)
+        # mmyolo 0.6.0 asserts mmcv < 2.1: this leg's (issue 53). Its YOLOv5
+        # pipeline's Albu step needs albumentations 1.3.x, whose requirement
+        # opencv-python-headless (also qudida's) would install a second cv2
+        # beside mmcv's opencv-python: installed without their requirements
+        # (their others are in extra_pins).
+        nodeps_pins=(albumentations==1.3.1 qudida==0.0.4)
         # The newest tensorboard for Python 3.8 (tests read event files back).
         test_pins=(pytest pytest-timeout==2.4.0 tensorboard==2.14.0)
-        requires=mmdet,mmrotate
+        requires=mmdet,mmrotate,mmyolo
         ;;
     *) echo "unknown leg $1 (modern|dota)" >&2; return 2 ;;
     esac

@@ -20,7 +20,7 @@ if ! py=$(find_python "$py_minor"); then
 fi
 
 stamp="$venv/.mmnanhook-setup"
-want="$py_minor $torch_pin $mmengine_pin mmcv==$mmcv_version ${extra_pins[*]} ${test_pins[*]} $(cat setup.py | cksum)"
+want="$py_minor $torch_pin $mmengine_pin mmcv==$mmcv_version ${extra_pins[*]} ${nodeps_pins[*]} ${test_pins[*]} $(cat setup.py | cksum)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     echo "[setup $leg] $venv is up to date"
     exit 0
@@ -32,6 +32,7 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${pip[@]}" "$torch_pin" "$mmengine_pin"
 scripts/install_mmcv.sh "$venv" "$mmcv_version"
 "${pip[@]}" "${extra_pins[@]}"
+[ ${#nodeps_pins[@]} -eq 0 ] || "${pip[@]}" --no-deps "${nodeps_pins[@]}"
 "${pip[@]}" "${test_pins[@]}"
 "${pip[@]}" --no-deps -e .
 "$venv/bin/python" - "$mmcv_version" <<'PY'

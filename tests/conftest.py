@@ -26,6 +26,8 @@ _SKIP_REASONS = {
     'torch>=2.1 rejects: it runs in the DOTA leg (.venv-dota), not here',
     'mmseg': 'mmsegmentation 1.2.2 is installed in the modern leg only: its '
     'dependencies are not pinned for the torch 1.7 twin of the Docker image',
+    'mmyolo': 'mmyolo 0.6.0 asserts mmcv < 2.1.0: it is installed in the DOTA leg '
+    '(mmcv 2.0.1, mmdet 3.1.0) only',
     'mmpretrain': 'mmpretrain 1.2.0 needs torchvision >= 0.9 (InterpolationMode): '
     'the DOTA leg has 0.8.2, the newest for torch 1.7.1, and PyPI\'s torchvision '
     'for torch 2.13 does not load beside the CPU build of the modern leg '
@@ -34,8 +36,8 @@ _SKIP_REASONS = {
 
 
 # What must import for a marker's tests to run (mmpretrain imports, but its
-# datasets need a newer torchvision).
-_MODULES = {'mmpretrain': 'mmpretrain.datasets'}
+# datasets need a newer torchvision; mmyolo's registration, prettytable).
+_MODULES = {'mmpretrain': 'mmpretrain.datasets', 'mmyolo': 'mmyolo.utils'}
 
 
 def _import_error(name):

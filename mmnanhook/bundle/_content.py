@@ -6,6 +6,7 @@ allowlist (nothing else is imported or called, see
 to be what its name says before a replay uses it.
 """
 import importlib
+import importlib.util
 import random
 
 import numpy as np
@@ -13,23 +14,20 @@ import torch
 
 from ._layout import DATA_BATCH, MODEL, OPTIMIZER, RNG
 
-# The one allowlist, module -> names: what the batches of the tiny and zoo
-# configs pickle besides tensors and plain containers (mmengine's data
-# elements; mmdet's data sample, boxes and masks; mmrotate's boxes; mmseg's
-# data sample), and numpy's arrays (an RNG state, masks, metainfo). Torch's
-# own types are the loader's.
+# numpy's part of the allowlist, module -> names: arrays (an RNG state,
+# masks, metainfo). Torch's own types are the loader's.
 _ALLOWED = {
-    'mmengine.structures.base_data_element': ('BaseDataElement', ),
-    'mmengine.structures.instance_data': ('InstanceData', ),
-    'mmengine.structures.pixel_data': ('PixelData', ),
-    'mmdet.structures.det_data_sample': ('DetDataSample', ),
-    'mmdet.structures.bbox.horizontal_boxes': ('HorizontalBoxes', ),
-    'mmdet.structures.mask.structures': ('BitmapMasks', ),
-    'mmrotate.structures.bbox.rotated_boxes': ('RotatedBoxes', ),
-    'mmseg.structures.seg_data_sample': ('SegDataSample', ),
     'numpy': ('ndarray', 'dtype'),
     'numpy.core.multiarray': ('_reconstruct', ),
 }
+
+# The OpenMMLab packages whose ``structures`` may be in a batch, where
+# mmengine does not say (its table of ``package::`` scopes, PKG2PROJECT,
+# is used where it has one): what a codebase's collate makes of a sample
+# is one of its data samples, data elements, boxes or masks.
+_OPENMMLAB = ('mmengine', 'mmdet', 'mmrotate', 'mmseg', 'mmpose',
+              'mmpretrain', 'mmagic', 'mmyolo', 'mmocr', 'mmaction',
+              'mmdet3d', 'mmcls', 'mmedit', 'mmtrack')
 
 # numpy >= 1.20 makes each dtype an instance of a class of its own (e.g.
 # UInt32DType, of the MT19937 key) that a pickle builds without naming it.
@@ -40,13 +38,23 @@ _NUMPY_CORE = ('numpy._core', 'numpy.core')
 
 
 def find_allowed(module, name):
-    """The object ``module.name`` if the allowlist holds it, else ``None``;
-    only a module of the allowlist is ever imported."""
+    """The object ``module.name`` if the allowlist holds it, else ``None``.
+
+    The allowlist: numpy's arrays (:data:`_ALLOWED`), and every class of an
+    installed OpenMMLab package's ``structures`` (mmengine's, mmdet's,
+    mmpose's, mmpretrain's, mmagic's...) that is a data element (a
+    ``BaseDataElement``: data samples, ``InstanceData``, ``PixelData``) or
+    mmdet's boxes or masks (:func:`_structure`). Only numpy's modules and
+    the ``structures`` modules of installed OpenMMLab packages are ever
+    imported.
+    """
     canonical = module
     for alias in _NUMPY_CORE:
         if module == alias or module.startswith(alias + '.'):
             canonical = 'numpy.core' + module[len(alias):]
-    if name not in _ALLOWED.get(canonical, ()):
+    if canonical not in _ALLOWED:
+        return _structure(module, name)
+    if name not in _ALLOWED[canonical]:
         return None
     if canonical == 'numpy.core.multiarray':
         # Whichever of the two this numpy has; numpy 2 warns on numpy.core.
@@ -57,6 +65,44 @@ def find_allowed(module, name):
     else:
         found = importlib.import_module(canonical)
     return getattr(found, name)
+
+
+def _openmmlab_packages():
+    """The OpenMMLab packages mmengine knows, and :data:`_OPENMMLAB`."""
+    try:
+        from mmengine.config.utils import PKG2PROJECT
+    except ImportError:
+        PKG2PROJECT = {}
+    return set(_OPENMMLAB) | set(PKG2PROJECT)
+
+
+def _structure_bases():
+    """The classes whose subclasses a batch may hold: mmengine's data
+    element, and mmdet's boxes and masks where mmdet is installed."""
+    from mmengine.structures import BaseDataElement
+    bases = [BaseDataElement]
+    if importlib.util.find_spec('mmdet') is not None:
+        from mmdet.structures.bbox import BaseBoxes
+        from mmdet.structures.mask import BaseInstanceMasks
+        bases += [BaseBoxes, BaseInstanceMasks]
+    return tuple(bases)
+
+
+def _structure(module, name):
+    """``module.name`` if it is a class of an installed OpenMMLab package's
+    ``structures`` that :func:`_structure_bases` allows, else ``None``."""
+    package, _, rest = module.partition('.')
+    if (rest != 'structures' and not rest.startswith('structures.')) or \
+            package not in _openmmlab_packages() or \
+            importlib.util.find_spec(package) is None:
+        return None
+    try:
+        found = getattr(importlib.import_module(module), name, None)
+    except (ImportError, ValueError):
+        return None
+    if isinstance(found, type) and issubclass(found, _structure_bases()):
+        return found
+    return None
 
 
 def _rng_problem(state):

@@ -2,8 +2,12 @@
 
 mmdet's ``Mosaic`` and ``MixUp`` (under ``MultiImageMixDataset``) draw
 partners from the dataset with ``get_indexes``; ``CachedMosaic`` and
-``CachedMixUp`` draw them from a cache each transform keeps. Both happen in
-the loader's worker processes, out of reach of the sampler.
+``CachedMixUp`` draw them from a cache each transform keeps; mmyolo's
+``Mosaic`` and ``MixUp`` are handed the dataset whose pipeline they are in
+(or draw from their cache, ``use_cached=True``). What a transform draws from
+is seen in each call, never taken from its attributes (mmyolo's keeps an
+empty cache when it draws from the dataset). All of it happens in the
+loader's worker processes, out of reach of the sampler.
 :class:`ComposedGuard` binds onto those transform instances before the
 workers start (they inherit them, and the blocked flags, when they fork):
 
@@ -51,11 +55,15 @@ def mixers(dataset):
     """
     for current in wrapped_datasets(dataset):
         steps = _steps(getattr(current, 'pipeline', None))
+        # A wrapper's pipeline (MultiImageMixDataset) draws from the dataset
+        # it wraps; a dataset's own pipeline from that dataset (mmyolo's
+        # Mosaic is handed it), or from a cache of its samples (mmdet's
+        # CachedMosaic).
+        inner = getattr(current, 'dataset', None)
+        source = current if inner is None else inner
         for step in steps:
             if callable(getattr(step, 'get_indexes', None)):
-                cached = isinstance(getattr(step, 'results_cache', None), list)
-                yield step, current if cached else getattr(
-                    current, 'dataset', None), steps
+                yield step, source, steps
 
 
 def parts_of(results):
@@ -149,36 +157,52 @@ class ComposedGuard(object):
         self._set(packer, 'transform', packed)
 
     def _bind(self, step, source):
+        """Guard ``step``'s draws. What it draws from is seen in each call
+        (its own cache, or a dataset it is handed), not taken from its
+        attributes: mmyolo's Mosaic keeps an empty ``results_cache`` even
+        when it draws from the dataset."""
         on = self._on
-        cached = isinstance(getattr(step, 'results_cache', None), list)
         get_indexes, transform = step.get_indexes, step.transform
-        drawn = []
+        # The parts the step drew inside its transform (a cache's entries,
+        # or a dataset's samples); whether its transform runs.
+        drawn, inside = [], [False]
 
         def blocked(entry):
             return any(source.blocked(i) for i, _ in parts_of(entry))
 
         def guarded_get_indexes(pool):
             indexes = get_indexes(pool)
-            if on[0] and not cached:
-                for _ in range(_DRAWS):
-                    if not any(source.blocked(i) for i in _as_list(indexes)):
-                        break
-                    indexes = get_indexes(pool)
-            if cached:
+            if pool is source.dataset:
+                if on[0]:
+                    for _ in range(_DRAWS):
+                        if not any(source.blocked(i)
+                                   for i in _as_list(indexes)):
+                            break
+                        indexes = get_indexes(pool)
+                if inside[0]:
+                    drawn[:] = [[i, pool.get_data_info(i).get('img_path')]
+                                for i in _as_list(indexes)]
+            elif pool is getattr(step, 'results_cache', None):
                 drawn[:] = [p for i in _as_list(indexes)
                             for p in parts_of(pool[i])]
             return indexes
 
         def guarded_transform(results):
-            if cached and on[0]:
-                step.results_cache[:] = [e for e in step.results_cache
-                                         if not blocked(e)]
+            cache = getattr(step, 'results_cache', None)
+            if on[0] and isinstance(cache, list):
+                cache[:] = [e for e in cache if not blocked(e)]
             del drawn[:]
             own = list(results.get(PARTS) or ())
+            # Loaded before the transform by a wrapper (MultiImageMixDataset):
+            # each partner with its own parts.
             mixed = results.get('mix_results') or ()
-            out = transform(results)
-            parts = list(drawn) if cached else [
-                p for r in mixed for p in parts_of(r)]
+            inside[0] = True
+            try:
+                out = transform(results)
+            finally:
+                inside[0] = False
+            parts = [p for r in mixed for p in parts_of(r)] if mixed else \
+                list(drawn)
             if out is not None and parts:
                 out[PARTS] = own + parts
             return out

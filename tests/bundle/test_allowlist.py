@@ -1,12 +1,16 @@
 """What a bundle's ``.pth`` files may hold: the real batches of the tiny and
 zoo configs load through the allowlist; a file that would run code is
 refused without running it, on every torch."""
+import io
 import os.path as osp
 import re
+import sys
+import types
 
 import numpy as np
 import pytest
 import torch
+from mmengine.structures import BaseDataElement
 
 from mmnanhook import compat
 from mmnanhook.bundle import ALLOWLIST_FALLBACK
@@ -113,3 +117,84 @@ def test_the_state_of_several_optimizers_loads(tmp_path):
     path = _bundle(tmp_path, {'optimizer': wrappers.state_dict()})
     loaded = load_bundle(path, load=['optimizer']).load('optimizer')
     assert sorted(loaded) == ['bias', 'weight']
+
+
+def _structures():
+    """Structures of the installed codebases a batch may hold beyond the
+    tiny and zoo configs' (each codebase's data samples, data elements,
+    boxes and masks), with a value each."""
+    from mmengine.structures import InstanceData, LabelData
+    made = [LabelData(label=torch.tensor([3]))]
+    try:
+        from mmdet.structures import ReIDDataSample, TrackDataSample
+        from mmdet.structures.mask import PolygonMasks
+    except ImportError:
+        return made
+    from mmdet.structures import DetDataSample
+    frame = TrackDataSample(metainfo=dict(video_length=1))
+    frame.video_data_samples = [DetDataSample(metainfo=dict(frame_id=0))]
+    made += [frame, ReIDDataSample(metainfo=dict(img_path='a.jpg')),
+             InstanceData(masks=PolygonMasks(
+                 [[np.array([0., 0., 4., 0., 4., 4.])]], 8, 8))]
+    try:
+        from mmrotate.structures.bbox import QuadriBoxes
+    except ImportError:
+        return made
+    return made + [QuadriBoxes(torch.tensor([[0., 0., 4., 0., 4., 4., 0.,
+                                              4.]]))]
+
+
+def test_every_structure_of_an_installed_codebase_loads(tmp_path):
+    # Issue 53: a bundle of any OpenMMLab codebase replays offline. Its
+    # batch holds that codebase's structures: allowed by what they are (a
+    # data element, mmdet's boxes or masks, in an installed OpenMMLab
+    # package's `structures`), not by a list of names.
+    made = _structures()
+    path = _bundle(tmp_path, {'data_batch': {
+        'inputs': [torch.zeros(3, 4, 4)], 'data_samples': made}})
+    loaded = load_bundle(path, load=['data_batch']).load('data_batch')
+    assert [type(each) for each in loaded['data_samples']] == [
+        type(each) for each in made]
+    assert _shown(loaded['data_samples']) == _shown(made)
+
+
+def _naming(module, name):
+    """The bytes of a torch file whose pickle names ``module.name`` (a
+    class made up for it, registered meanwhile), as a batch's sample."""
+    fake = type(name, (BaseDataElement, ), {'__module__': module})
+    parts = module.split('.')
+    names = ['.'.join(parts[:i + 1]) for i in range(len(parts))]
+    before = dict((each, sys.modules.get(each)) for each in names)
+    for each in names[:-1]:
+        sys.modules.setdefault(each, types.ModuleType(each))
+    sys.modules[module] = types.ModuleType(module)
+    setattr(sys.modules[module], name, fake)
+    try:
+        data = io.BytesIO()
+        torch.save({'inputs': [torch.zeros(1)], 'data_samples': [fake()]},
+                   data)
+    finally:
+        for each, old in before.items():
+            if old is None:
+                del sys.modules[each]
+            else:
+                sys.modules[each] = old
+    return data.getvalue()
+
+
+@pytest.mark.parametrize('module, name', [
+    # Not a structure's module, or not an OpenMMLab package's.
+    ('mmengine.registry', 'Registry'),
+    ('mmnan_testing.elsewhere', 'Elsewhere'),
+    # An OpenMMLab package that is not installed: never imported.
+    ('mmfewshot.structures', 'FewShotDataSample'),
+    # In a codebase's structures, but no data element, boxes or masks.
+    ('mmengine.structures.base_data_element', 'copy'),
+])
+def test_nothing_else_of_a_codebase_loads(tmp_path, module, name):
+    path = _bundle(tmp_path, {'data_batch': {'inputs': [torch.zeros(1)]}})
+    replace_listed_file(path, 'data_batch.pth', _naming(module, name))
+    with pytest.raises(BundleError, match='it names {}.{}, which no bundle '
+                       'holds'.format(re.escape(module), name)):
+        load_bundle(path).load('data_batch')
+    assert 'mmfewshot' not in sys.modules

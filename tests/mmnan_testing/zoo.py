@@ -20,6 +20,7 @@ a CPU with a synthetic dataset needs:
 to the loaded config (a text override would have to repeat each pipeline).
 """
 import copy
+import glob
 import importlib
 import itertools
 import math
@@ -32,7 +33,7 @@ from mmengine.hooks import Hook
 
 from mmnanhook._mmengine import unwrap_model
 from mmnanhook.demo import synthetic
-from mmnan_testing import datasets, testbed
+from mmnan_testing import datasets, legs, testbed
 
 SMALL_SIDE = 320
 # The synthetic VOC data is a VOC2007 directory.
@@ -103,6 +104,11 @@ ZOO = {
     'oriented_rcnn': ZooEntry(
         'mmrotate', 'oriented_rcnn/oriented-rcnn-le90_r50_fpn_1x_dota.py',
         'dota', 1024),
+    # Mosaic in the dataset's own pipeline (handed the dataset), EMA,
+    # yolov5_collate (data_samples a dict).
+    'yolov5_s': ZooEntry(
+        'mmyolo', 'yolov5/yolov5_s-v61_syncbn_fast_8xb16-300e_coco.py', 'coco',
+        640),
     'resnet18_in1k': ZooEntry('mmpretrain', 'resnet/resnet18_8xb32_in1k.py',
                               'imagenet'),
     'segformer_b0_ade': ZooEntry(
@@ -519,3 +525,27 @@ def model_state(runner):
     """Copies of the model's parameters and buffers (its state dict)."""
     return {k: v.detach().clone()
             for k, v in unwrap_model(runner.model).state_dict().items()}
+
+
+def last_checkpoint(runner):
+    """The newest checkpoint a run wrote into its work dir (loaded), or
+    ``None``."""
+    paths = sorted(glob.glob(osp.join(runner.work_dir, '*.pth')))
+    return legs.torch_load(paths[-1]) if paths else None
+
+
+def assert_equal(a, b, path='state'):
+    """``a`` and ``b`` (tensors in nested dicts and lists) equal bitwise;
+    ``path`` names where in an assertion that fails."""
+    if torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            assert_equal(a[k], b[k], '%s.%s' % (path, k))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal(x, y, '%s[%d]' % (path, i))
+    else:
+        assert a == b, path

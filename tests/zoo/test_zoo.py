@@ -112,26 +112,6 @@ def _run(name, data, work_dir, hook=None, hook_options=None, extra=None):
     return runner, probe, error
 
 
-def _checkpoint(runner):
-    paths = sorted(glob.glob(osp.join(runner.work_dir, '*.pth')))
-    return legs.torch_load(paths[-1]) if paths else None
-
-
-def _assert_equal(a, b, path='state'):
-    if torch.is_tensor(a):
-        assert torch.is_tensor(b) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _assert_equal(a[k], b[k], '%s.%s' % (path, k))
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_equal(x, y, '%s[%d]' % (path, i))
-    else:
-        assert a == b, path
-
-
 @pytest.mark.parametrize('name', _names())
 def test_clean_run_is_the_run_without_the_hook(tmp_path, name):
     """Full tier only: two trainings per config, and the same identity is
@@ -154,15 +134,15 @@ def test_clean_run_is_the_run_without_the_hook(tmp_path, name):
     assert runner.message_hub.get_scalar('train/spikes').current() == 0
     assert probe.lr == ref_probe.lr and probe.momentum == ref_probe.momentum
     assert probe.loss == ref_probe.loss
-    _assert_equal(zoo.model_state(runner), zoo.model_state(ref), 'state')
+    zoo.assert_equal(zoo.model_state(runner), zoo.model_state(ref), 'state')
     # CheckpointHook's save_last writes one at the end of every run.
-    ours, theirs = _checkpoint(runner), _checkpoint(ref)
+    ours, theirs = zoo.last_checkpoint(runner), zoo.last_checkpoint(ref)
     assert ours is not None and theirs is not None
     for key in ('state_dict', 'ema_state_dict', 'optimizer',
                 'param_schedulers'):
         assert (key in ours) == (key in theirs), key
         if key in ours:
-            _assert_equal(ours[key], theirs[key], key)
+            zoo.assert_equal(ours[key], theirs[key], key)
 
 
 def _train_into_error(name, data, work_dir, extra=None):
@@ -220,9 +200,9 @@ def test_real_fault_is_caught_before_it_reaches_the_weights(tmp_path, name):
     assert error.iter == expected == probe.before[0]
     assert error.trigger in ('loss', 'grad', 'exception')
     # Weights and optimizer state are bitwise those before that iteration.
-    _assert_equal(zoo.weights(runner), probe.before[1], 'weights')
-    _assert_equal(runner.optim_wrapper.state_dict(), probe.before[2],
-                  'optimizer')
+    zoo.assert_equal(zoo.weights(runner), probe.before[1], 'weights')
+    zoo.assert_equal(runner.optim_wrapper.state_dict(), probe.before[2],
+                     'optimizer')
     assert error.bundle and osp.isdir(error.bundle)
     if kind == 'data':
         # Exactly the bad image of the batch, for its data problem; its
@@ -417,8 +397,8 @@ def _assert_dropped_by_hand(runner, probe, bad):
     alone, from the same state (weights, BN buffers, optimizer state and
     LR), through the run's own optim wrapper (its clip_grad included),
     which training left without mmnanhook's bindings."""
-    _assert_equal(zoo.step_by_hand(runner, probe, bad), probe.at['after'],
-                  'state')
+    zoo.assert_equal(zoo.step_by_hand(runner, probe, bad),
+                     probe.at['after'], 'state')
 
 
 @pytest.fixture(scope='module')
