@@ -138,7 +138,8 @@ class Child(object):
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
             except ChildProcessError:
-                # Reaped elsewhere (SIGCHLD ignored, a user's os.wait()).
+                # Reaped elsewhere (SIGCHLD ignored, or a user's code that
+                # reaps any child).
                 self.exitcode = -1
             else:
                 if pid:

@@ -515,7 +515,9 @@ class ForwardGuard(object):
             work = call(*[_zeros(a) for a in args], **dict(
                 (k, _zeros(v)) for k, v in kwargs.items()))
             if work is not None:
-                # Recorded with async_op=True.
+                # Recorded with async_op=True. Bounded as the call itself:
+                # a work of the model's group fails at that group's timeout
+                # (docs/how-it-works.md, the waits).
                 work.wait()
 
     def step_collectives(self):
