@@ -16,6 +16,17 @@ exec > >(tee "$OUT/log.txt") 2>&1
 if ! "$py" -c 'import mmengine' 2>/dev/null; then
     "$py" -m pip install -q --no-index --no-deps .device/wheels/*.whl || exit 2
 fi
+# mmcv's ops load only beside the torch they were compiled against.
+if [ -f .device/wheels/mmcv-torch.txt ]; then
+    "$py" - "$(cat .device/wheels/mmcv-torch.txt)" <<'PY'
+import sys
+import torch
+here = torch.__version__.split('+')[0]
+print('[device] mmcv built for torch %s; this torch %s%s' % (
+    sys.argv[1], torch.__version__, '' if here == sys.argv[1] else
+    ': MISMATCH, rebuild with DEVICE_TORCH=%s make device-wheels' % here))
+PY
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MMNAN_DEVICE_OUT=$OUT
 deadline=$(( $(date +%s) + 480 ))
 
