@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 py=${DEVICE_PYTHON:-python3}
 exec > >(tee "$OUT/log.txt") 2>&1
 
-if ! "$py" -c 'import mmengine' 2>/dev/null; then
+if ! "$py" -c 'import mmengine, mmdet, mmcv.ops' 2>/dev/null; then
     "$py" -m pip install -q --no-index --no-deps .device/wheels/*.whl || exit 2
 fi
 # mmcv's ops load only beside the torch they were compiled against.
