@@ -264,7 +264,9 @@ def ordered_map(function: Callable, tasks: Iterable, workers: int,
                     continue
                 try:
                     results[queue.pop(0)] = connection.recv()
-                except EOFError:
+                except (EOFError, OSError):
+                    # Closed, or reset: a worker that died with a task
+                    # unread resets its socket.
                     raise ChildFailed('a worker died (exit code %s: killed '
                                       'by the OOM killer?)' % child.wait(
                                           REAP_WITHIN))
