@@ -195,6 +195,13 @@ def _serve(function: Callable, connection: Any) -> None:
                 type(error).__name__, error))))
 
 
+def _died(child: Child) -> ChildFailed:
+    """What a map raises when ``child`` is gone (its pipe closed, reset or
+    broken)."""
+    return ChildFailed('a worker died (exit code %s: killed by the OOM '
+                       'killer?)' % child.wait(REAP_WITHIN))
+
+
 def _give(worker: tuple, tasks: Iterator, number: int) -> bool:
     """Send ``worker`` the next task (the ``number``-th); ``False`` when
     there is none left."""
@@ -203,8 +210,7 @@ def _give(worker: tuple, tasks: Iterator, number: int) -> bool:
         try:
             connection.send(task)
         except OSError:
-            raise ChildFailed('a worker died (exit code %s)' % child.wait(
-                REAP_WITHIN))
+            raise _died(child)
         queue.append(number)
         return True
     return False
@@ -267,9 +273,7 @@ def ordered_map(function: Callable, tasks: Iterable, workers: int,
                 except (EOFError, OSError):
                     # Closed, or reset: a worker that died with a task
                     # unread resets its socket.
-                    raise ChildFailed('a worker died (exit code %s: killed '
-                                      'by the OOM killer?)' % child.wait(
-                                          REAP_WITHIN))
+                    raise _died(child)
                 if _give((child, connection, queue), tasks, sent):
                     sent += 1
     finally:

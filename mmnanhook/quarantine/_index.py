@@ -45,6 +45,9 @@ that cannot be searched waits for the walk (a small one is walked at its
 first lookup, in process). After :data:`MANY_FILES` files searched, the
 lookups wait for the walk too (or walk, where none was begun): many files
 at once (a reviewed quarantine list) cost less so.
+
+Just over 500 lines, one concern: the index (the searches that answer
+before it, the walk, and the walk's child with its bounds).
 """
 import collections
 import ctypes
