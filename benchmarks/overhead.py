@@ -2,7 +2,8 @@
 
 Models: the tiny test-bed detectors, and mmdet's own RetinaNet R50 config as
 shipped in the installed package (its LinearLR + MultiStepLR schedule, its
-pipeline and sampler, at 320 px; see :mod:`mmnan_testing.zoo`). Each variant
+pipeline and sampler, at 320 px; see :mod:`mmnan_testing.zoo`), also with
+its images loaded as float32 (tier 1's input check then runs). Each variant
 trains its own real Runner on the same config, data and seed; the runners run in threads that take turns, one train iteration at a
 time, in a random order drawn afresh every round, so iteration k of every
 variant runs under the same machine conditions. Only one runner computes at a
@@ -74,8 +75,10 @@ def _tiny(config, overrides=None):
     return build
 
 
-def _zoo(name):
-    """A config shipped in the model zoo, with enough epochs for ``iters``."""
+def _zoo(name, float_inputs=False):
+    """A config shipped in the model zoo, with enough epochs for ``iters``;
+    ``float_inputs``: its images loaded as float32 (``to_float32=True``), as
+    a raster loader gives them: tier 1 then checks them before the forward."""
 
     def build(work_dir, data_dir, iters):
         from mmnan_testing import zoo
@@ -86,6 +89,10 @@ def _zoo(name):
         cfg.log_level = 'WARNING'
         # No checkpoint per epoch (outside the timed span, but slow).
         cfg.default_hooks.checkpoint = None
+        if float_inputs:
+            for step in cfg.train_dataloader.dataset.pipeline:
+                if step['type'] == 'LoadImageFromFile':
+                    step['to_float32'] = True
         return cfg
 
     return build
@@ -102,6 +109,8 @@ MODELS = [
      _tiny('rotated_retinanet')),
     ('zoo_retinanet_r50', 'zoo RetinaNet R50-FPN 1x (its schedule), 320 px',
      ('mmdet', ), _zoo('retinanet_r50')),
+    ('zoo_retinanet_r50_float', 'the same, images loaded as float32',
+     ('mmdet', ), _zoo('retinanet_r50', float_inputs=True)),
 ]
 
 

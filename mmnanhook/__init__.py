@@ -5,7 +5,8 @@ Importing the package registers ``NanDetectHook`` in mmengine's root
 ``OPTIM_WRAPPERS`` and ``NanDetectRunner`` in its root ``RUNNERS``, so every
 downstream scope (mmdet, mmrotate, mmpretrain, mmseg) finds them.
 """
-from .errors import BundleError, CheckBypassedError, NonFiniteError
+from .errors import (BundleError, CheckBypassedError, NonFiniteError,
+                     NonFiniteInputError)
 from .hook import NanDetectHook
 from .runner import NanDetectRunner
 from .sentinel import (NanDetectAmpOptimWrapper, NanDetectOptimWrapper,
@@ -15,5 +16,5 @@ from .version import __version__
 __all__ = [
     'BundleError', 'CheckBypassedError', 'NanDetectAmpOptimWrapper',
     'NanDetectHook', 'NanDetectOptimWrapper', 'NanDetectRunner',
-    'NonFiniteError', '__version__', 'install_nan_detect'
+    'NonFiniteError', 'NonFiniteInputError', '__version__', 'install_nan_detect'
 ]

@@ -80,3 +80,25 @@ class RankTimeoutError(RuntimeError):
     def __init__(self, message: str, ranks: Sequence[int]) -> None:
         super(RankTimeoutError, self).__init__(message)
         self.ranks = list(ranks)
+
+
+class NonFiniteInputError(RuntimeError):
+    """A train step's inputs hold NaN/Inf after the data preprocessor:
+    stopped before any op of the model ran (an op fed NaN may crash the
+    process, as mmcv's deformable convolution does on the CPU).
+
+    Args:
+        samples (list[int]): The batch positions of the samples whose
+            input is not finite.
+        names (list[str], optional): Their image files, where known.
+    """
+
+    def __init__(self, samples: Sequence[int],
+                 names: Optional[Sequence[Optional[str]]] = None) -> None:
+        self.samples = list(samples)
+        names = list(names or [None] * len(self.samples))
+        super(NonFiniteInputError, self).__init__(
+            'the input of %s is not finite after the data preprocessor; '
+            'stopped before the forward' % ', '.join(
+                'sample %d%s' % (i, ' (%s)' % n if n else '')
+                for i, n in zip(self.samples, names)))

@@ -34,6 +34,7 @@ import sys
 
 import pytest
 
+from mmnanhook.quarantine import flight_dir
 from mmnan_testing import testbed
 from mmnan_testing.cli import PROJECT_DIR, mmnan, toy_config, train_to_bundle
 
@@ -138,8 +139,13 @@ def placeholders(tmp_path_factory):
                                 num_images=4, defects={1: 'zero_size'})
     config = str(root / 'config.py')
     testbed.tiny_config('retinanet_voc', data, str(root / 'run')).dump(config)
+    # The toy run's work dir: the one above its bundle that holds its
+    # record of the steps in flight.
+    work_dir = error.bundle
+    while not osp.isdir(flight_dir(work_dir)) and work_dir != '/':
+        work_dir = osp.dirname(work_dir)
     return dict(BUNDLE=error.bundle, CONFIG=config, DIR=str(root / 'show'),
-                OUT=str(root / 'quarantine.json'))
+                OUT=str(root / 'quarantine.json'), WORK_DIR=work_dir)
 
 
 def _makefile_targets():

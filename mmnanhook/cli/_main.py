@@ -61,7 +61,10 @@ def _replay(args):
 
 def _inspect(args):
     from ..bundle import REPORT_HTML, load_bundle
+    from ..quarantine import flight_dir
     from ..report import format_report
+    if os.path.isdir(flight_dir(args.bundle)):
+        return _inspect_work_dir(args.bundle)
     bundle = load_bundle(args.bundle)
     if args.html or args.open:
         return _html(bundle, REPORT_HTML, args.open)
@@ -89,6 +92,21 @@ def _inspect(args):
     lines.append('')
     lines.append(format_report(bundle.report))
     print('\n'.join(lines))
+    return EXIT_OK
+
+
+def _inspect_work_dir(work_dir):
+    """What the runs that died inside a step in ``work_dir`` had in
+    flight (nothing of the work dir is executed or unpickled)."""
+    from ..quarantine import flight_dir, read_flights
+    flights = read_flights(flight_dir(work_dir))
+    if not flights:
+        print('{}: no run with mmnanhook died inside a train step here'
+              .format(work_dir))
+    for flight in flights:
+        print(flight.describe())
+        if flight.stack:
+            print(flight.stack)
     return EXIT_OK
 
 
@@ -302,10 +320,15 @@ def build_parser():
     p.set_defaults(func=_replay)
 
     p = sub.add_parser('inspect', help='show the manifest and report of a '
-                       'bundle', description='Show the manifest and report '
+                       'bundle, or what a work dir\'s died runs had in '
+                       'flight', description='Show the manifest and report '
                        'of a bundle: it reads JSON only, never unpickles nor '
-                       'executes anything of the bundle.')
-    p.add_argument('bundle')
+                       'executes anything of the bundle. Given a work dir, '
+                       'say which samples were in flight, at which '
+                       'iteration, when a run of it died inside a train '
+                       'step (SIGSEGV in an op, SIGKILL), with the Python '
+                       'stack of a fatal signal.')
+    p.add_argument('bundle', help='bundle directory, or a work dir')
     p.add_argument('--html', action='store_true',
                    help='print the path of the bundle\'s report.html')
     p.add_argument('--open', action='store_true',

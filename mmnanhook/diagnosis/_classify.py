@@ -28,6 +28,15 @@ def _explain_exception(report, replay, watch):
                     'mode has no traceback for it): a tensor kept from an '
                     'earlier iteration is part of the graph'.format(
                         report.op))
+    elif error.get('inputs'):
+        # Raised by mmnanhook's input check: no op of the model ran, so
+        # there is no place in it to name.
+        report.notes.append(
+            'the forward was not run: the input of sample(s) {} is not '
+            'finite after the data preprocessor, and mmnanhook stops a step '
+            'before an op can crash or compute on it'.format(
+                ', '.join(str(i) for i in error['inputs'])))
+        return
     else:
         report.module = display_name(watch.failed)
         report.location, report.code = user_location(error['frames'])

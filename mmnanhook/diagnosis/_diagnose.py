@@ -30,7 +30,7 @@ import torch
 from .. import compat
 from .._patch import patched
 from .._log import log as _log
-from ..records import SampleFinding
+from ..records import DataProblem, ProblemCategory, SampleFinding
 from ..report import finalize, new_report
 from ._classify import classify, fill_location
 from ._data import batch_size, check_batch, nonfinite_data, split_batch
@@ -44,6 +44,25 @@ from ._state_scan import scan_state
 
 def _dtype_name(dtype):
     return str(dtype).replace('torch.', '') if dtype is not None else None
+
+
+def _nonfinite_inputs(samples, found, positions):
+    """``found`` and every sample at ``positions``, whose input the check
+    before the forward found not finite: said so where the batch as loaded
+    was finite (the data preprocessor made the NaN/Inf)."""
+    by_index = dict((s.index, s) for s in samples)
+    named = set(s.index for s in found)
+    found = list(found)
+    for index in positions:
+        if index in named:
+            continue
+        finding = by_index.get(index) or SampleFinding(index)
+        finding.problems.append(DataProblem(
+            ProblemCategory.NONFINITE_INPUT,
+            'input is finite as loaded but not after the data '
+            'preprocessor'))
+        found.append(finding)
+    return sorted(found, key=lambda s: s.index)
 
 
 def _replay_samples(session, report, backward, log):
@@ -290,6 +309,9 @@ def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
             _replay_compiled(session, report, compiled, log)
         elif main.error is not None and main.error['phase'] == 'forward':
             report.samples = nonfinite_data(samples)
+            if main.error.get('inputs'):
+                report.samples = _nonfinite_inputs(
+                    samples, report.samples, main.error['inputs'])
         report.kind = classify(report, main)
         fill_location(report, main, watch)
         log('mmnanhook: replaying the failing iteration with each fix')

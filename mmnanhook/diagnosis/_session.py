@@ -9,6 +9,8 @@ import torch
 
 from .. import compat
 from .._anomaly import is_anomaly_nan_error
+from .._inputs import check_inputs, floating
+from ..errors import NonFiniteInputError
 from ..records import Origin, ReplayResult
 from ..sentinel import GradNorms, describe_losses, loss_terms
 from ._backward import BackwardWatch, anomaly_mode
@@ -36,6 +38,10 @@ def _error_info(phase, error):
             traceback.format_exception(type(error), error, trace)),
         'frames': [(f.filename, f.lineno, f.name, (f.line or '').strip())
                    for f in traceback.extract_tb(trace)],
+        # The batch positions of the inputs found not finite before the
+        # forward (NonFiniteInputError): no op of the model ran.
+        'inputs': error.samples if isinstance(
+            error, NonFiniteInputError) else None,
     }
 
 
@@ -85,8 +91,13 @@ class ReplaySession(object):
                 record = stack.enter_context(anomaly_mode())
             try:
                 forward_ctx = forward_ctx or contextlib.nullcontext()
+                checked = floating(batch)
                 with forward_ctx, self._autocast(amp):
                     data = self.model.data_preprocessor(batch, True)
+                    if checked:
+                        # As in the run: a NaN input never reaches an op
+                        # that may crash on it.
+                        check_inputs(data)
                     losses = self.model._run_forward(data, mode='loss')
                 loss, log_vars = self.model.parse_losses(losses)
             except Exception as error:  # noqa: BLE001 - a finding

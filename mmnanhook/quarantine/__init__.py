@@ -7,6 +7,8 @@
   running (``IterBasedTrainLoop``'s) wrapped the same way.
 * :mod:`._inflight`: a quarantined sample left out of a batch sampled
   before the decision, before the forward.
+* :mod:`._flight`: the samples of each step recorded, so that a process
+  that dies inside one (SIGSEGV, SIGKILL) leaves them named.
 * :mod:`._list`: :class:`Quarantine`, one run's list, read back on resume,
   keyed by file.
 * :mod:`._index`: :class:`SampleIndex`, a dataset's indices by image file,
@@ -16,14 +18,17 @@
 from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
                     read_quarantine, write_quarantine)
 from ._composed import PARTS, mixers, part_image
+from ._flight import (Flight, FlightRecorder, flight_dir, read_flights,
+                      start_flight)
 from ._index import SampleIndex, sample_index
-from ._inflight import call_with
+from ._inflight import call_with, sample_files
 from ._list import Quarantine, prepare_index, start_quarantine
 from ._sampler import QuarantineSampler, install_sampler
 
 __all__ = [
-    'call_with', 'FILE_NAME', 'mixers', 'part_image', 'PARTS', 'FORMAT',
+    'call_with', 'FILE_NAME', 'Flight', 'FlightRecorder', 'flight_dir', 'mixers', 'part_image', 'PARTS', 'FORMAT',
     'Quarantine', 'QuarantineError', 'QuarantineSampler', 'QuarantinedSample',
     'SampleIndex', 'install_sampler', 'prepare_index', 'read_quarantine',
-    'sample_index', 'start_quarantine', 'write_quarantine'
+    'read_flights', 'sample_files', 'sample_index', 'start_flight',
+    'start_quarantine', 'write_quarantine'
 ]

@@ -44,7 +44,9 @@ class QuarantinedSample(object):
         iter (int, optional): The iteration it failed in.
         epoch (int, optional): The epoch.
         rank (int, optional): The rank whose batch held it.
-        source (str): ``'drop'``, ``'skip'``, ``'rewind'`` or ``'scan'``.
+        source (str): ``'drop'``, ``'skip'``, ``'rewind'``, ``'scan'`` or
+            ``'crash'`` (in flight when a run's process died:
+            :mod:`._flight`).
     """
 
     __slots__ = ('indices', 'file', 'reason', 'iter', 'epoch', 'rank',

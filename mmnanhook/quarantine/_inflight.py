@@ -17,7 +17,9 @@ def sample_files(data_batch):
         data_batch, dict) else None
     if not isinstance(samples, (list, tuple)):
         return None
-    return [getattr(s, 'metainfo', {}).get('img_path') for s in samples]
+    # An attribute of the sample (BaseDataElement keeps each metainfo key
+    # as one): no copy of its metainfo dict per sample.
+    return [getattr(s, 'img_path', None) for s in samples]
 
 
 def without_files(data_batch, files):

@@ -104,6 +104,12 @@ class Policy(object):
         """Whether triggers may be recomputed without samples."""
         return self.options.policy == 'drop'
 
+    def quarantines_crashes(self) -> bool:
+        """Whether the samples in flight when an earlier run in the work
+        dir died inside a step are quarantined at the start: under
+        ``'drop'``, which leaves a step's bad samples out."""
+        return self.drops_at_all()
+
     def needs_hook(self) -> Optional[str]:
         """Why only ``NanDetectHook`` can carry these policies out, or
         ``None``: what a self-checking optim wrapper refuses at build

@@ -135,12 +135,20 @@ def summarize(report):
         return text + '; first non-finite value made ' + _where(report)
     if kind == 'data':
         implicated = [s for s in report.samples if s.problems]
-        text = '{} caused by {}'.format(
-            _symptom(report), _first_problem_text(implicated))
-        if len(implicated) > 1:
-            text += ' (and {} more sample(s))'.format(len(implicated) - 1)
+        more = ' (and {} more sample(s))'.format(len(implicated) - 1) \
+            if len(implicated) > 1 else ''
+        if (report.exception or {}).get('type') == 'NonFiniteInputError':
+            return ('the input is not finite: {}{}; stopped before the '
+                    'forward, no op of the model ran'.format(
+                        _first_problem_text(implicated), more))
+        text = '{} caused by {}{}'.format(
+            _symptom(report), _first_problem_text(implicated), more)
         if report.module is None and report.location is None:
             return text
+        if report.exception:
+            # Where the forward raised: the symptom's place, not where the
+            # non-finite values were made (they came with the sample).
+            return text + '; it raised ' + _where(report)
         return text + '; first non-finite value made ' + _where(report)
     if kind == 'backward':
         detail = report.backward

@@ -19,11 +19,12 @@ from ..bundle import StateLedger
 from ..diagnosis import communicating_modules, largest_param
 from ..errors import CheckBypassedError, NonFiniteError, RankTimeoutError
 from ..options import anomaly_wanted
-from ..quarantine import call_with, prepare_index, start_quarantine
+from ..quarantine import (call_with, prepare_index, sample_files,
+                          start_flight, start_quarantine)
 from ..recovery import Policy
 from ..report import forget_nonfinite
 from ..sentinel import (BufferSnapshot, BypassGuard, Dropper, ForwardStart,
-                        Listener, Rewinder, StepMemory, StepState,
+                        InputCheck, Listener, Rewinder, StepMemory, StepState,
                         install_nan_detect, loss_terms, param_norms,
                         start_distributed, step_record)
 from ._trigger import TriggerProcedure
@@ -64,6 +65,10 @@ class HookRun(Listener):
             self.forward_guard.watch(runner.model)
         for sentinel in self.handle.sentinels:
             sentinel.ranks = self.ranks
+        # Not under DDP yet: a rank stopped on entry to its forward leaves
+        # the others waiting in the collectives of theirs (SyncBN) where
+        # the forward guard cannot yet answer them (docs/recovery.md).
+        self.inputs = InputCheck(module if self.ranks is None else None)
         self.verified = False
         self.train_iters = 0
         self.memory = StepMemory(max(
@@ -102,6 +107,11 @@ class HookRun(Listener):
             self.quarantine = start_quarantine(
                 runner, quarantine.quarantine, quarantine.quarantine_file,
                 writes=self.ranks is None or self.ranks.writes)
+        # What earlier runs that died inside a step had in flight; this
+        # run's record of its own steps.
+        self.flight = start_flight(
+            runner, self.quarantine if self.policy.quarantines_crashes()
+            else None)
         # The spike detector of the (first) sentinel: the run's spikes.
         self.spike_detector = self.sentinel.check.spikes
         self.procedure = TriggerProcedure(
@@ -127,7 +137,8 @@ class HookRun(Listener):
         if self._restore_parse is not None:
             self._restore_parse()
             self._restore_parse = None
-        for part in (self.handle, self.quarantine, self.forward_guard):
+        for part in (self.handle, self.inputs, self.quarantine,
+                     self.forward_guard, self.flight):
             if part is not None:
                 part.remove()
         if self.ranks is not None:
@@ -141,7 +152,8 @@ class HookRun(Listener):
         self.settle()
         # Snapshots are memory of the run that ended.
         self.rewinder = self.dropper = None
-        self.handle = self.quarantine = self.forward_guard = self.ranks = None
+        self.handle = self.inputs = self.quarantine = self.flight = None
+        self.forward_guard = self.ranks = None
 
     def _wrap_parse_losses(self, parse_losses):
 
@@ -205,6 +217,8 @@ class HookRun(Listener):
                 raise
             return self._logged(handled)
         finally:
+            if self.flight is not None:
+                self.flight.end()
             if guard is not None:
                 guard.end()
             if torch.is_anomaly_enabled() != state[0]:
@@ -226,6 +240,10 @@ class HookRun(Listener):
             if not self.memory:
                 self.buffers = ForwardStart(BufferSnapshot(model), attributes)
         self.memory.keep(self.runner.iter, data_batch, attributes)
+        self.inputs.arm(data_batch)
+        if self.flight is not None:
+            self.flight.begin(self.runner.iter, self.runner.epoch,
+                              sample_files(data_batch))
         self.step = StepState()
         for sentinel in self.handle.sentinels:
             sentinel.outcome = None

@@ -13,6 +13,7 @@
   classes.
 * :mod:`._supported`: which optim wrappers can be checked.
 * :mod:`._guard`: the bypass guard.
+* :mod:`._inputs`: floating-point inputs checked before the forward.
 * :mod:`._spikes`: robust spike bands of the loss and the gradient norm.
 * :mod:`._rewind`: snapshots of good states and going back to one.
 * :mod:`._drop`: ``policy='drop'``: the step recomputed without samples.
@@ -32,6 +33,7 @@ from ._distributed import (COLLECTIVES, Exchange, ForwardGuard, Ranks,
 from ._drop import DropPlan, Dropper, recompute
 from ._raised import forward_event, is_out_of_memory
 from ._guard import BypassGuard
+from ._inputs import InputCheck
 from ._history import History, StepState, step_record
 from ._install import (ATTRIBUTE, NanDetectAmpOptimWrapper, NanDetectHandle,
                        NanDetectOptimWrapper, install_nan_detect, members,
@@ -49,7 +51,7 @@ __all__ = [
     'clip_grads_with_norm_', 'collective_outputs', 'collective_signature',
     'COLLECTIVES', 'describe_losses', 'Dropper',
     'DropPlan', 'Exchange', 'forward_event', 'ForwardGuard', 'ForwardStart',
-    'GradNorms', 'History', 'install_nan_detect', 'is_out_of_memory',
+    'GradNorms', 'History', 'InputCheck', 'install_nan_detect', 'is_out_of_memory',
     'Listener', 'loss_terms', 'members', 'MicroStep', 'module_attributes',
     'NanDetectAmpOptimWrapper', 'NanDetectHandle', 'NanDetectOptimWrapper',
     'param_norms', 'Ranks', 'recompute', 'restore_rng',

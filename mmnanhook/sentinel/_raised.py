@@ -7,11 +7,13 @@ applies (:meth:`~mmnanhook.recovery.Policy.plan`). Under DDP the
 rank whose forward raised votes so (:class:`~._distributed.Ranks`); every
 other rank learns it in its own vote, before its backward
 (:class:`~mmnanhook.errors.PeerForwardFailed`), and all of them handle the
-same event.
+same event. Inputs found not finite before the forward
+(:class:`~mmnanhook.errors.NonFiniteInputError`, :mod:`._inputs`) take the
+same path, before any op ran.
 """
 from mmengine.dist import get_dist_info
 
-from ..errors import PeerForwardFailed
+from ..errors import NonFiniteInputError, PeerForwardFailed
 from ..records import NonFiniteEvent, Trigger
 from ._check import StepContext
 
@@ -36,7 +38,9 @@ def forward_event(iter, epoch, exc, failed, shared):
     """
     rank, world_size = get_dist_info()
     where = StepContext(iter, epoch).where(rank, world_size)
-    if isinstance(exc, PeerForwardFailed):
+    if isinstance(exc, NonFiniteInputError):
+        message = 'input check at %s: %s' % (where, exc)
+    elif isinstance(exc, PeerForwardFailed):
         message = 'forward of rank(s) %s raised at %s: this rank takes ' \
             'the same path' % (', '.join(map(str, failed)), where)
     else:

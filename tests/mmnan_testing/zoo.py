@@ -95,6 +95,13 @@ ZOO = {
     # MultiImageMixDataset (Mosaic) over the COCO dataset.
     'yolox_tiny': ZooEntry('mmdet', 'yolox/yolox_tiny_8xb8-300e_coco.py',
                            'coco', 640, wrapped=1),
+    # mmcv's deformable convolution (DeformConv2d / its CPU kernel): a NaN
+    # input crashes the process (SIGSEGV) instead of making NaN.
+    'vfnet_r50': ZooEntry('mmdet', 'vfnet/vfnet_r50_fpn_1x_coco.py', 'coco',
+                          800),
+    'reppoints_r50': ZooEntry(
+        'mmdet', 'reppoints/reppoints-moment_r50_fpn-gn_head-gn_1x_coco.py',
+        'coco', 800),
     'dino_r50': ZooEntry('mmdet', 'dino/dino-4scale_r50_8xb2-12e_coco.py',
                          'coco', 800),
     'rotated_retinanet': ZooEntry(

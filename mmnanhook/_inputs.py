@@ -1,0 +1,102 @@
+"""Which samples of a preprocessed batch hold NaN/Inf in their inputs.
+
+A floating-point input (an image loaded with ``to_float32``, a raster whose
+nodata is NaN, mmagic's float frames) can carry NaN into the forward, where
+some ops do not make NaN but crash the process (mmcv's deformable
+convolution on the CPU). Integer inputs (``uint8`` images) cannot: they are
+never looked at. The check is one sum per batch, synced once: a finite sum
+means finite inputs; a non-finite one (or a sum that overflowed) is looked
+at sample by sample, on the failure path only. Shared by tier 1 (before the
+forward of a train step) and the replays of the diagnosis.
+"""
+from collections.abc import Mapping
+
+import torch
+
+from .errors import NonFiniteInputError
+
+
+def floating(data_batch) -> bool:
+    """Whether the batch as the dataloader yields it has floating-point
+    inputs (``data_batch['inputs']``: a tensor, or a list, tuple or dict of
+    them).
+
+    Args:
+        data_batch: A batch from an mmengine dataloader.
+    """
+    inputs = data_batch.get('inputs') if isinstance(data_batch,
+                                                    Mapping) else None
+    return any(t.is_floating_point() for t in _tensors(inputs))
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            for tensor in _tensors(item):
+                yield tensor
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            for tensor in _tensors(item):
+                yield tensor
+
+
+def _per_sample(inputs):
+    """The floating-point tensors of each sample: ``inputs`` stacked
+    (``(N, ...)`` tensors, one per key of a dict) or one entry per sample."""
+    if isinstance(inputs, torch.Tensor):
+        return [[x] for x in inputs] if inputs.dim() > 0 else [[inputs]]
+    if isinstance(inputs, Mapping):
+        per = [_per_sample(value) for value in inputs.values()]
+        n = max([len(p) for p in per] or [0])
+        return [[t for p in per if i < len(p) for t in p[i]]
+                for i in range(n)]
+    if isinstance(inputs, (list, tuple)):
+        return [list(_tensors(x)) for x in inputs]
+    return []
+
+
+def nonfinite_samples(data) -> list:
+    """The positions of the samples whose inputs hold NaN/Inf.
+
+    Args:
+        data (dict): What the data preprocessor returned (``inputs``).
+
+    Returns:
+        list[int]: Empty when every input is finite (one host sync).
+    """
+    inputs = data.get('inputs') if isinstance(data, Mapping) else data
+    tensors = [t for t in _tensors(inputs) if t.is_floating_point()]
+    if not tensors:
+        return []
+    # A sum is one read of the inputs, no mask; NaN and Inf survive it.
+    total = tensors[0].sum() if len(tensors) == 1 else torch.stack(
+        [t.sum().float() for t in tensors]).sum()
+    if bool(torch.isfinite(total)):
+        return []
+    return [i for i, sample in enumerate(_per_sample(inputs))
+            if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
+                   for t in sample)]
+
+
+def sample_names(data, samples) -> list:
+    """The image file of each sample at ``samples`` (``None`` where
+    unknown), or ``None`` when the batch has no list of data samples."""
+    found = data.get('data_samples') if isinstance(data, Mapping) else None
+    if not isinstance(found, (list, tuple)):
+        return None
+    return [getattr(found[i], 'img_path', None) if i < len(found) else None
+            for i in samples]
+
+
+def check_inputs(data) -> None:
+    """Raise :class:`~mmnanhook.errors.NonFiniteInputError` naming the
+    samples whose inputs hold NaN/Inf.
+
+    Args:
+        data (dict): What the data preprocessor returned.
+    """
+    samples = nonfinite_samples(data)
+    if samples:
+        raise NonFiniteInputError(samples, sample_names(data, samples))

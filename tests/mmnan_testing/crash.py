@@ -1,0 +1,140 @@
+"""Training processes that may die inside a step, each in its own process
+(a crash must take down the script, never the test session).
+
+Usage::
+
+    python -m mmnan_testing.crash die WORK_DIR SIGNAL
+    python -m mmnan_testing.crash resume WORK_DIR
+    python -m mmnan_testing.crash tile NAME WORK_DIR POLICY
+
+``die``: the tiny RetinaNet under ``NanDetectHook(policy='drop')``, a
+checkpoint after every iteration; in iteration :data:`DIES_AT` its backbone's
+forward kills the process with ``SIGNAL`` (``KILL``: as the OOM killer;
+``SEGV``: a read of address 0, as a C++ op's crash). Before that it prints
+one JSON line with the files of that iteration's batch.
+``resume``: the same config, ``resume=True``, trained to its end; prints
+the files of each iteration's batch.
+``tile``: the zoo config ``NAME`` (:mod:`mmnan_testing.zoo`), one epoch on
+four images, image :data:`TILE` loaded as float pixels, all NaN
+(:mod:`mmnan_testing.nodata`), ``NanDetectHook(policy=POLICY)`` (``default``:
+the hook's own); prints what came of it.
+"""
+import ctypes
+import json
+import os
+import signal
+import sys
+
+import torch
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+from mmnanhook import NonFiniteError
+from mmnanhook._mmengine import unwrap_model
+from mmnan_testing import testbed, zoo
+from mmnan_testing.nodata import nodata_pipeline, register_nodata_transforms
+
+DIES_AT = 2
+ITERS = 4
+TILE = 3
+IMAGES = 4
+
+
+def _print(**values):
+    print(json.dumps(values))
+    sys.stdout.flush()
+
+
+class _Dies(Hook):
+    """Arms the backbone's forward to kill the process in ``at``."""
+
+    def __init__(self, at, signal_name):
+        self.at = at
+        self.signal_name = signal_name
+        self.armed = False
+
+    def before_train(self, runner):
+        unwrap_model(runner.model).backbone.register_forward_pre_hook(
+            self._in_forward)
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.armed = runner.iter == self.at
+        if self.armed:
+            _print(iter=runner.iter, files=[
+                s.metainfo['img_path'] for s in data_batch['data_samples']])
+
+    def _in_forward(self, module, args):
+        if not self.armed:
+            return
+        if self.signal_name == 'SEGV':
+            ctypes.string_at(0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _tiny(work_dir, resume):
+    torch.set_num_threads(1)
+    data = testbed.make_dataset('retinanet', work_dir + '/data',
+                                num_images=IMAGES)
+    cfg = testbed.tiny_config('retinanet', data, work_dir + '/work',
+                              max_iters=ITERS, log_level='WARNING')
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1,
+                                        by_epoch=False)
+    cfg.resume = resume
+    cfg.custom_imports = dict(imports=['mmnanhook'],
+                              allow_failed_imports=False)
+    cfg.custom_hooks = [dict(type='NanDetectHook', policy='drop')]
+    return Runner.from_cfg(cfg)
+
+
+def die(work_dir, signal_name):
+    runner = _tiny(work_dir, False)
+    runner.register_hook(_Dies(DIES_AT, signal_name))
+    runner.train()
+    _print(survived=True)
+
+
+def resume(work_dir):
+    runner, files = _tiny(work_dir, True), zoo.BatchFiles()
+    runner.register_hook(files)
+    runner.train()
+    _print(files=files.files)
+
+
+def tile(name, work_dir, policy):
+    torch.set_num_threads(1)
+    register_nodata_transforms()
+    data = zoo.make_zoo_dataset(name, work_dir + '/data', num_images=IMAGES)
+    options = {} if policy == 'default' else dict(policy=policy)
+    cfg = zoo.child_config(name, data, work_dir + '/work', length=1,
+                           hook='line', hook_options=options)
+    bad = data['images'][TILE]
+    dataset = cfg.train_dataloader.dataset
+    dataset.pipeline = nodata_pipeline(dataset.pipeline, bad)
+    runner = Runner.from_cfg(cfg)
+    files = zoo.BatchFiles()
+    runner.register_hook(files)
+    error = None
+    try:
+        runner.train()
+    except NonFiniteError as exc:
+        error = exc
+    hub = runner.message_hub
+    scalars = dict((key, float(hub.get_scalar('train/' + key).current()))
+                   for key in ('samples_dropped', 'nan_skipped')
+                   if 'train/' + key in hub.log_scalars)
+    _print(bad=bad, files=files.files, done=len(files.loss), scalars=scalars,
+           error=None if error is None else dict(
+               message=str(error), trigger=error.trigger, iter=error.iter,
+               bundle=error.bundle, report=error.report),
+           finite=all(bool(torch.isfinite(p).all())
+                      for p in unwrap_model(runner.model).parameters()))
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv.pop(0)
+    {'die': die, 'resume': resume, 'tile': tile}[command](*argv)
+
+
+if __name__ == '__main__':
+    main()
