@@ -90,3 +90,15 @@ def replace_samples(data_batch, packed):
         else:
             batch[key] = value
     return batch
+
+
+def sample_files(data_batch):
+    """``img_path`` of each sample of an mmengine batch (``None`` where its
+    metainfo has none); ``None`` for a batch without data samples."""
+    samples = data_batch.get('data_samples') if isinstance(
+        data_batch, Mapping) else None
+    if not isinstance(samples, (list, tuple)):
+        return None
+    # An attribute of the sample (BaseDataElement keeps each metainfo key
+    # as one): no copy of its metainfo dict per sample.
+    return [getattr(s, 'img_path', None) for s in samples]

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
+from ._batch import sample_files
+from ._tensors import iter_tensors
 from .errors import NonFiniteInputError
 
 
@@ -26,34 +28,25 @@ def floating(data_batch) -> bool:
     """
     inputs = data_batch.get('inputs') if isinstance(data_batch,
                                                     Mapping) else None
-    return any(t.is_floating_point() for t in _tensors(inputs))
+    return any(t.is_floating_point() for t in iter_tensors(inputs))
 
 
-def _tensors(value):
-    if isinstance(value, torch.Tensor):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            for tensor in _tensors(item):
-                yield tensor
-    elif isinstance(value, Mapping):
-        for item in value.values():
-            for tensor in _tensors(item):
-                yield tensor
+def per_sample(inputs) -> list:
+    """The tensors of each sample: ``inputs`` stacked (``(N, ...)``
+    tensors, one per key of a dict) or one entry per sample.
 
-
-def _per_sample(inputs):
-    """The floating-point tensors of each sample: ``inputs`` stacked
-    (``(N, ...)`` tensors, one per key of a dict) or one entry per sample."""
+    Args:
+        inputs: A batch's ``inputs``.
+    """
     if isinstance(inputs, torch.Tensor):
         return [[x] for x in inputs] if inputs.dim() > 0 else [[inputs]]
     if isinstance(inputs, Mapping):
-        per = [_per_sample(value) for value in inputs.values()]
+        per = [per_sample(value) for value in inputs.values()]
         n = max([len(p) for p in per] or [0])
         return [[t for p in per if i < len(p) for t in p[i]]
                 for i in range(n)]
     if isinstance(inputs, (list, tuple)):
-        return [list(_tensors(x)) for x in inputs]
+        return [list(iter_tensors(x)) for x in inputs]
     return []
 
 
@@ -67,7 +60,7 @@ def nonfinite_samples(data) -> list:
         list[int]: Empty when every input is finite (one host sync).
     """
     inputs = data.get('inputs') if isinstance(data, Mapping) else data
-    tensors = [t for t in _tensors(inputs) if t.is_floating_point()]
+    tensors = [t for t in iter_tensors(inputs) if t.is_floating_point()]
     if not tensors:
         return []
     # A sum is one read of the inputs, no mask; NaN and Inf survive it.
@@ -75,7 +68,7 @@ def nonfinite_samples(data) -> list:
         [t.sum().float() for t in tensors]).sum()
     if bool(torch.isfinite(total)):
         return []
-    return [i for i, sample in enumerate(_per_sample(inputs))
+    return [i for i, sample in enumerate(per_sample(inputs))
             if any(t.is_floating_point() and not bool(torch.isfinite(t).all())
                    for t in sample)]
 
@@ -83,11 +76,10 @@ def nonfinite_samples(data) -> list:
 def sample_names(data, samples) -> list:
     """The image file of each sample at ``samples`` (``None`` where
     unknown), or ``None`` when the batch has no list of data samples."""
-    found = data.get('data_samples') if isinstance(data, Mapping) else None
-    if not isinstance(found, (list, tuple)):
+    files = sample_files(data)
+    if files is None:
         return None
-    return [getattr(found[i], 'img_path', None) if i < len(found) else None
-            for i in samples]
+    return [files[i] if i < len(files) else None for i in samples]
 
 
 def check_inputs(data) -> None:

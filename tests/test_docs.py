@@ -13,7 +13,8 @@ would use it.
   build`` and ``pip install`` of the wheel are what scripts/test_wheel.sh
   runs; ``docker`` commands are the image's (no Docker on the test machine:
   docker/Dockerfile is linted by ``make lint`` and its pins checked by
-  tests/test_versions.py).
+  tests/test_versions.py); ``torchrun ... mmnan drill`` is what
+  tests/zoo/test_zoo_drill.py launches.
 * ``text``: output and pictures; the README's demo output is compared with a
   real demo's in tests/cli/test_demo.py.
 
@@ -154,10 +155,10 @@ def _makefile_targets():
 
 
 # Exit codes a documented command may end with (mmnan's contract: 1 is
-# ``scan`` or ``doctor`` having found something, which is what they are
-# shown for).
+# ``scan`` or ``doctor`` having found something, or a ``drill`` verdict that
+# does not hold on the config with a bad box: what they are shown for).
 _OK = {'replay': (0, ), 'inspect': (0, ), 'scan': (0, 1),
-       'doctor': (0, 1)}
+       'doctor': (0, 1), 'drill': (0, 1)}
 
 
 # A training and fresh processes: in make test on the DOTA leg, whose share
@@ -175,7 +176,7 @@ def test_command(line, placeholders):
     elif words[0] == 'mmnan' and words[1] == 'demo':
         assert osp.isfile(osp.join(ROOT, 'tests', 'cli', 'test_demo.py'))
     elif words[0] == 'mmnan':
-        if words[1] in ('scan', 'doctor'):
+        if words[1] in ('scan', 'doctor', 'drill'):
             pytest.importorskip('mmdet')
         args = [placeholders.get(w, w) for w in words[1:]]
         result = mmnan(*args)
@@ -191,6 +192,10 @@ def test_command(line, placeholders):
             'dist/mmnanhook-%s-py3-none-any.whl' % __version__], line
     elif words[0] == 'docker':
         assert words[1] in ('build', 'run'), line
+    elif words[0] == 'torchrun':
+        # tests/zoo/test_zoo_drill.py runs it under torch's launcher.
+        assert words[1:6] == ['--nproc_per_node', '2', '-m', 'mmnanhook',
+                              'drill'] and '--launcher' in words, line
     else:
         raise AssertionError('a command no test runs: %s' % line)
 

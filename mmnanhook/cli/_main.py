@@ -1,7 +1,7 @@
 """The ``mmnan`` command line (also ``python -m mmnanhook``).
 
 Exit codes: 0 success (``replay``: the failure reproduced), 1 ``scan`` found
-bad samples or ``doctor`` found anything, 2 bad input (one line on stderr, no
+bad samples, ``doctor`` found anything or a ``drill`` verdict fails, 2 bad input (one line on stderr, no
 traceback), 3 ``replay`` came out finite, 130 ``scan`` interrupted (Ctrl-C
 or SIGTERM; its progress kept for ``--resume``).
 """
@@ -278,6 +278,36 @@ def _doctor(args):
     return EXIT_FOUND if report.found else EXIT_OK
 
 
+def _drill(args):
+    from ..drill import run_drill
+    from ..doctor import DatasetError
+    say = (lambda line: None) if args.json else (
+        lambda line: print('mmnan drill: ' + line, file=sys.stderr,
+                           flush=True))
+    faults = [f.strip() for f in args.faults.split(',') if f.strip()]
+    try:
+        drill = run_drill(args.config, faults=faults, iter=args.iter,
+                          rank=args.rank, policy=args.policy,
+                          launcher=args.launcher, work_dir=args.work_dir,
+                          image_size=args.image_size,
+                          synthetic=args.synthetic, timeout=args.timeout,
+                          say=say)
+    except (DatasetError, ValueError) as error:
+        return _bad_input('drill', error)
+    if args.json:
+        print(json.dumps(drill.to_dict(), indent=2, sort_keys=True))
+    else:
+        print('drill of {} (rank {}), in {}'.format(
+            args.config, drill.verdicts[0].rank, drill.work_dir))
+        print('changed for the drill: ' + '; '.join(drill.changes))
+        for verdict in drill.verdicts:
+            print('\n'.join(verdict.lines()))
+        failed = next((v for v in drill.verdicts if not v.ok), None)
+        print('all hold' if failed is None else 'FAILS: {} {}: {}'.format(
+            failed.run, failed.failed.name, failed.failed.detail))
+    return EXIT_OK if drill.ok else EXIT_FOUND
+
+
 def _demo(args):
     from ..demo import run_demo
     return run_demo(dota=args.dota, work_dir=args.work_dir)
@@ -377,6 +407,47 @@ def build_parser():
                    help="write the findings as a page in report.html's "
                    'style')
     p.set_defaults(func=_doctor)
+
+    p = sub.add_parser('drill', help='prove the protection on a config: a '
+                       'clean run with and without mmnanhook, then planted '
+                       'faults (exit 0 all hold, 1 one does not)',
+                       description='Train a config a few iterations (its '
+                       'data where it is at hand, else a synthetic dataset '
+                       'in its format), clean with and without NanDetectHook '
+                       '(they must agree bitwise), then once per planted '
+                       'fault; say per fault whether it was caught before '
+                       'the update, named, handled by the policy, and the '
+                       'weights left finite.')
+    p.add_argument('config')
+    p.add_argument('--faults', default='data,loss,grad',
+                   help='comma-separated, of data (a NaN image), loss (a '
+                   'NaN loss term), grad (an infinite gradient)')
+    p.add_argument('--iter', type=int, default=1, metavar='K',
+                   help='the iteration the faults are planted in (default '
+                   '1)')
+    p.add_argument('--rank', type=int, default=0, metavar='R',
+                   help='the rank they are planted on (default 0)')
+    p.add_argument('--policy', default=None,
+                   help="NanDetectHook's policy (default: the config's, "
+                   "else 'raise')")
+    p.add_argument('--launcher', choices=('none', 'pytorch'),
+                   default='none', help="'pytorch': this is one rank of "
+                   'torchrun; every rank drills')
+    p.add_argument('--work-dir', default=None,
+                   help='where runs, bundles and logs go (default: a new '
+                   'temporary directory)')
+    p.add_argument('--image-size', type=int, default=320, metavar='N',
+                   help='scale the pipelines\' images to this short side '
+                   '(0: keep the config\'s)')
+    p.add_argument('--synthetic', action='store_true',
+                   help='a synthetic dataset even where the config\'s data '
+                   'is at hand')
+    p.add_argument('--timeout', type=float, default=900, metavar='S',
+                   help='seconds a run may take before it is killed '
+                   '(default 900)')
+    p.add_argument('--json', action='store_true',
+                   help='print the verdicts as JSON')
+    p.set_defaults(func=_drill)
 
     p = sub.add_parser('demo', help='train a tiny detector on a synthetic '
                        'dataset with one planted defect and diagnose it')

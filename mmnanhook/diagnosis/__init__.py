@@ -31,7 +31,6 @@ from ._micro import locate_micro_step
 from ._pipeline import TrainPipeline, filter_advice, train_pipeline
 from ._state import preserved_run
 from ._state_scan import largest_param
-from ._tensors import iter_tensors
 
 __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
@@ -40,7 +39,7 @@ __all__ = [
     'evidence_before', 'filter_advice',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'diagnose_in_run',
     'handle_incident',
-    'Incident', 'iter_tensors',
+    'Incident',
     'largest_param', 'local_replays', 'locate_micro_step', 'preserved_run',
     'split_batch',
     'TrainPipeline', 'train_pipeline'

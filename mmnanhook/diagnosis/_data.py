@@ -22,10 +22,11 @@ import torch
 from .._batch import batch_size, split_batch  # noqa: F401 - re-exported
 from .._boxes import as_box_tensor, rbox_corners
 from .._format import format_value
+from .._inputs import per_sample
 from ..quarantine import sample_index
 from ..records import (NONFINITE_DATA, DataProblem, ProblemCategory,
                        SampleFinding)
-from ._tensors import count_nonfinite, iter_tensors
+from ._tensors import count_nonfinite
 
 # Smallest box side in pixels that is not degenerate.  Only sides this close
 # to zero make ``log(w)`` or ``1 / w`` overflow in float32 box coders; real
@@ -247,19 +248,14 @@ def nonfinite_data(findings):
 
 
 def _per_sample_inputs(inputs, n):
-    """The input tensor(s) of each of the ``n`` samples, as lists."""
+    """The input tensor(s) of each of the ``n`` samples, as lists; inputs
+    that do not split into ``n`` (a tensor of another first dimension) are
+    the first sample's."""
+    split = per_sample(inputs)
+    if len(split) == n:
+        return split
     if isinstance(inputs, torch.Tensor):
-        if inputs.dim() > 0 and inputs.shape[0] == n:
-            return [[inputs[i]] for i in range(n)]
         return [[inputs]] + [[] for _ in range(n - 1)]
-    if isinstance(inputs, (list, tuple)) and len(inputs) == n:
-        return [list(iter_tensors(x)) for x in inputs]
-    if isinstance(inputs, Mapping):
-        per = [[] for _ in range(n)]
-        for value in inputs.values():
-            for i, tensors in enumerate(_per_sample_inputs(value, n)):
-                per[i].extend(tensors)
-        return per
     return [[] for _ in range(n)]
 
 

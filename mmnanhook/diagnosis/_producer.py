@@ -25,8 +25,9 @@ from .._patch import set_attribute
 from ._backward import _is_accumulate_grad
 from ._frames import (_is_traced_file, _stack_frames, is_user_file,
                       node_traceback, parse_frames, user_location)
+from .._tensors import iter_tensors
 from ._tensors import (FiniteMemo, _grad_fn_name, _is_float,
-                       count_nonfinite, iter_tensors, max_abs)
+                       count_nonfinite, max_abs)
 
 def _patch_forward(module, make_wrapper):
     """Replace ``module.forward`` by ``make_wrapper(forward)``.

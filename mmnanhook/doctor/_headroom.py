@@ -13,7 +13,7 @@ headroom is fp32's.
 """
 import torch
 
-from ..diagnosis import iter_tensors
+from .._tensors import iter_tensors
 
 FP16_MAX = float(torch.finfo(torch.float16).max)  # 65504
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)

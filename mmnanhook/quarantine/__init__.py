@@ -21,7 +21,7 @@ from ._composed import PARTS, mixers, part_image
 from ._flight import (Flight, FlightRecorder, flight_dir, read_flights,
                       start_flight)
 from ._index import SampleIndex, sample_index
-from ._inflight import call_with, sample_files
+from ._inflight import call_with
 from ._list import Quarantine, prepare_index, start_quarantine
 from ._sampler import QuarantineSampler, install_sampler
 
@@ -29,6 +29,6 @@ __all__ = [
     'call_with', 'FILE_NAME', 'Flight', 'FlightRecorder', 'flight_dir', 'mixers', 'part_image', 'PARTS', 'FORMAT',
     'Quarantine', 'QuarantineError', 'QuarantineSampler', 'QuarantinedSample',
     'SampleIndex', 'install_sampler', 'prepare_index', 'read_quarantine',
-    'read_flights', 'sample_files', 'sample_index', 'start_flight',
+    'read_flights', 'sample_index', 'start_flight',
     'start_quarantine', 'write_quarantine'
 ]

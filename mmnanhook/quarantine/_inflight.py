@@ -6,20 +6,8 @@ reaches the train step once more. It is left out there, before the forward,
 by its file (``img_path`` of its metainfo): a set lookup per sample, on the
 host.
 """
-from .._batch import split_batch
+from .._batch import sample_files, split_batch
 from ._composed import quarantined_part
-
-
-def sample_files(data_batch):
-    """``img_path`` of each sample of an mmengine batch (``None`` where its
-    metainfo has none); ``None`` for a batch without data samples."""
-    samples = data_batch.get('data_samples') if isinstance(
-        data_batch, dict) else None
-    if not isinstance(samples, (list, tuple)):
-        return None
-    # An attribute of the sample (BaseDataElement keeps each metainfo key
-    # as one): no copy of its metainfo dict per sample.
-    return [getattr(s, 'img_path', None) for s in samples]
 
 
 def without_files(data_batch, files):

@@ -13,14 +13,15 @@ import functools
 import torch
 
 from .. import compat
+from .._batch import sample_files
 from .._mmengine import is_ddp, unwrap_model
 from .._patch import set_attribute
 from ..bundle import StateLedger
 from ..diagnosis import communicating_modules, largest_param
 from ..errors import CheckBypassedError, NonFiniteError, RankTimeoutError
 from ..options import anomaly_wanted
-from ..quarantine import (call_with, prepare_index, sample_files,
-                          start_flight, start_quarantine)
+from ..quarantine import (call_with, prepare_index, start_flight,
+                          start_quarantine)
 from ..recovery import Policy
 from ..report import forget_nonfinite
 from ..sentinel import (BufferSnapshot, BypassGuard, Dropper, ForwardStart,

@@ -84,6 +84,34 @@ def mmnan(*args, **kwargs):
         universal_newlines=True, env=env, timeout=600)
 
 
+def mmnan_patched(tmp_path, path, old, new, *args):
+    """Run ``python -m mmnanhook ARGS`` from a scratch copy of the package
+    whose file ``path`` (relative to the package) has its one ``old`` line
+    replaced by ``new``: a regression planted where nothing else sees it.
+
+    Returns:
+        subprocess.CompletedProcess: As :func:`mmnan`.
+    """
+    import shutil
+
+    import mmnanhook
+    scratch = tmp_path / 'scratch'
+    shutil.copytree(osp.dirname(osp.abspath(mmnanhook.__file__)),
+                    str(scratch / 'mmnanhook'),
+                    ignore=shutil.ignore_patterns('__pycache__'))
+    source = scratch / 'mmnanhook' / path
+    text = source.read_text()
+    assert text.count(old) == 1, '{} changed: update the test'.format(path)
+    source.write_text(text.replace(old, new))
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    env.pop('PYTHONPATH', None)
+    # The scratch copy first on the path: ``-m`` puts the cwd there.
+    return subprocess.run(
+        [sys.executable, '-m', 'mmnanhook'] + [str(a) for a in args],
+        cwd=str(scratch), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, universal_newlines=True, timeout=1500)
+
+
 def run_report(bundle):
     """The ``report.json`` the run wrote into ``bundle``."""
     with open(osp.join(bundle, 'report.json')) as f:

@@ -10,7 +10,7 @@ Scenarios:
   the first epoch, the sampler gives it to rank 0 in the second.
 * ``rtmdet_skip`` (with ``quarantine_skips=True``) / ``rtmdet_drop``:
   mmdet's RTMDet-tiny with every norm layer a
-  :class:`~mmnan_testing.syncbn.CpuSyncBatchNorm` (its shipped
+  :class:`~mmnanhook.drill.CpuSyncBatchNorm` (its shipped
   ``SyncBN``, made to run on CPUs), 2 epochs; images :data:`NODATA` (rank 1,
   iterations 0 and 1 of each epoch) are nodata tiles, all NaN. Its pipelines keep
   their steps but ``CachedMosaic``/``CachedMixUp`` (a cached tile would
@@ -239,7 +239,7 @@ def _rtmdet(policy, **options):
         from mmengine.runner import Runner
 
         from .nodata import register_nodata_transforms
-        from .syncbn import use_cpu_syncbn
+        from mmnanhook.drill import use_cpu_syncbn
         torch.set_num_threads(1)
         register_nodata_transforms()
         rank = get_rank()

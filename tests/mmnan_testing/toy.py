@@ -159,14 +159,14 @@ class ToyBNModel(ToyModel):
 
 class ToySyncBNModel(ToyModel):
     """:class:`ToyModel` whose inputs first go through
-    :class:`~mmnan_testing.syncbn.CpuSyncBatchNorm` (the 4 features of
+    :class:`~mmnanhook.drill.CpuSyncBatchNorm` (the 4 features of
     each sample as one channel): under DDP every training forward shares
     its batch statistics with the other ranks, so one rank's NaN input makes
     every rank's loss NaN."""
 
     def __init__(self):
         super().__init__()
-        from .syncbn import CpuSyncBatchNorm
+        from mmnanhook.drill import CpuSyncBatchNorm
         self.bn = CpuSyncBatchNorm(1)
 
     def features(self, x):

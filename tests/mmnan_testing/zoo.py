@@ -16,8 +16,9 @@ a CPU with a synthetic dataset needs:
   second pipeline, and mmseg's preprocessor crop) multiplied by one factor
   that brings the zoo's short side to 320 px.
 
-:func:`child_config` writes that file and loads it; the rescaling is applied
-to the loaded config (a text override would have to repeat each pipeline).
+:func:`child_config` writes that file and loads it; the rescaling (the
+drill's, :func:`mmnanhook.drill._config.rescale`) is applied to the loaded
+config (a text override would have to repeat each pipeline).
 """
 import copy
 import glob
@@ -33,11 +34,10 @@ from mmengine.hooks import Hook
 
 from mmnanhook._mmengine import unwrap_model
 from mmnanhook.demo import synthetic
+from mmnanhook.drill._config import VOC_YEAR, rescale
 from mmnan_testing import datasets, legs, testbed
 
 SMALL_SIDE = 320
-# The synthetic VOC data is a VOC2007 directory.
-VOC_YEAR = 'VOC2007'
 
 
 class ZooEntry(object):
@@ -122,11 +122,6 @@ ZOO = {
         'mmseg', 'segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
         'ade20k', 512, by_epoch=False),
 }
-
-# Keys of pipeline steps (and mmseg's preprocessor, mmdet's batch augments)
-# that hold image sizes; RandomAffine's border is one in pixels.
-_SIZE_KEYS = ('scale', 'img_scale', 'crop_size', 'size', 'scales', 'border',
-              'random_size_range')
 
 _run_ids = itertools.count()
 
@@ -273,7 +268,7 @@ def child_config(name, data, work_dir, length=2, hook=None,
     if entry.data == 'voc':
         _point_voc(cfg, data)
     if entry.scale is not None:
-        _rescale(cfg, entry.scale)
+        rescale(cfg, entry.scale)
     for hook_cfg in cfg.get('custom_hooks') or []:
         # The short schedule still reaches a PipelineSwitchHook's switch.
         if 'switch_epoch' in hook_cfg and entry.by_epoch:
@@ -291,51 +286,6 @@ def _point_voc(cfg, data):
         member.update(data_root=data['data_root'],
                       ann_file=osp.join(VOC_YEAR, synthetic.VOC_SPLIT_FILE),
                       data_prefix=dict(sub_data_root=VOC_YEAR + '/'))
-
-
-def _datasets(dataset):
-    """Every dataset config inside ``dataset`` (wrappers, Concat members)."""
-    yield dataset
-    if 'dataset' in dataset:  # RepeatDataset, MultiImageMixDataset ...
-        for inner in _datasets(dataset.dataset):
-            yield inner
-    for member in dataset.get('datasets') or []:
-        for inner in _datasets(member):
-            yield inner
-
-
-def _rescale(cfg, factor):
-    """Multiply every image size of the train pipelines by ``factor``."""
-    seen = set()
-    for dataset in _datasets(cfg.train_dataloader.dataset):
-        steps = dataset.get('pipeline') or []
-        if id(steps) not in seen:  # Concat members may share one list
-            seen.add(id(steps))
-            _rescale_steps(steps, factor)
-    for hook in cfg.get('custom_hooks') or []:
-        _rescale_steps(hook.get('switch_pipeline') or [], factor)
-    preprocessor = cfg.model.get('data_preprocessor') or {}
-    if preprocessor.get('size') is not None:
-        preprocessor['size'] = _scaled(preprocessor['size'], factor)
-    _rescale_steps(preprocessor.get('batch_augments') or [], factor)
-
-
-def _rescale_steps(steps, factor):
-    for step in steps:
-        for key in _SIZE_KEYS:
-            if key in step and not isinstance(step[key], dict):
-                step[key] = _scaled(step[key], factor)
-        for nested in step.get('transforms') or []:
-            _rescale_steps(nested if isinstance(nested, list) else [nested],
-                           factor)
-
-
-def _scaled(value, factor):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return int(round(value * factor))
-    if isinstance(value, (list, tuple)):
-        return type(value)(_scaled(v, factor) for v in value)
-    return value
 
 
 def config_dir():

@@ -1,4 +1,5 @@
-"""A CPU stand-in of ``SyncBatchNorm``, for DDP tests over gloo.
+"""A CPU stand-in of ``SyncBatchNorm``, for a drill (and tests) of DDP over
+gloo.
 
 torch's ``SyncBatchNorm`` refuses CPU modules, and mmdet's ``RTMDet``
 (``use_syncbn=True``) converts every BatchNorm to it once the world is larger
@@ -82,23 +83,37 @@ class CpuSyncBatchNorm(_BatchNorm):
         return out
 
 
-def use_cpu_syncbn(cfg):
-    """Every ``norm_cfg`` of a config's model set to ``CpuSyncBN`` (the
-    zoo's ``SyncBN`` and ``BN`` alike), and ``RTMDet``'s own conversion to
-    torch's ``SyncBatchNorm`` turned off; in place.
+# Models that make their BatchNorm torch's SyncBatchNorm themselves once the
+# world is larger than one (``use_syncbn``), with its default.
+_CONVERTING = {'RTMDet': True}
+
+
+def use_cpu_syncbn(cfg, types=('SyncBN', 'MMSyncBN')):
+    """Every ``norm_cfg`` of ``types`` in a config's model set to
+    ``CpuSyncBN``, and a model's own conversion to torch's
+    ``SyncBatchNorm`` (RTMDet's ``use_syncbn``) turned off: its ``BN``
+    converted here instead; in place.
+
+    Args:
+        cfg (mmengine.Config): The config.
+        types (tuple[str]): The norm types converted (and ``'BN'`` where the
+            model converts its own).
 
     Returns:
-        int: The ``norm_cfg`` entries changed.
+        int: The ``norm_cfg`` entries changed, and conversions turned off.
     """
     changed = [0]
+    model = cfg.model
+    kind = str(model.get('type', '')).split('.')[-1]
+    if model.get('use_syncbn', _CONVERTING.get(kind, False)):
+        model['use_syncbn'] = False
+        types = tuple(types) + ('BN', )
+        changed[0] += 1
 
     def visit(node):
         if isinstance(node, dict):
-            if node.get('use_syncbn') is not None:
-                node['use_syncbn'] = False
             norm = node.get('norm_cfg')
-            if isinstance(norm, dict) and norm.get('type') in (
-                    'BN', 'SyncBN'):
+            if isinstance(norm, dict) and norm.get('type') in types:
                 node['norm_cfg'] = dict(norm, type='CpuSyncBN')
                 changed[0] += 1
             for value in node.values():
@@ -108,9 +123,4 @@ def use_cpu_syncbn(cfg):
                 visit(value)
 
     visit(cfg.model)
-    if cfg.model.get('type') == 'RTMDet':
-        cfg.model['use_syncbn'] = False
     return changed[0]
-
-
-__all__ = ['CpuSyncBatchNorm', 'use_cpu_syncbn']

@@ -1,0 +1,363 @@
+"""The drill's configs: the user's config as ``tools/train.py`` builds it,
+made a few iterations long, on the user's data when it is at hand here, else
+on a small synthetic dataset in the config's format.
+
+What the drill changes, the same in the run with NanDetectHook and the run
+without it (the clean comparison is between those two):
+
+* the loader: two samples a batch, no worker processes, and a sampler that
+  yields the first samples of the user's sampler only (:mod:`._sampler`);
+* the loop: ``max_iters`` (iteration loops) or one epoch of those samples;
+  no validation or test;
+* every image size of the train pipelines scaled so that the short side is
+  ``image_size`` (as the zoo tests do): an 800 px R50 iteration takes 15 s on
+  one CPU core;
+* pretrained weights that are not a local file (``init_cfg``'s
+  ``Pretrained``, ``load_from``): not downloaded, the weights random;
+* on a CPU with more than one rank, ``SyncBN`` made :mod:`._syncbn`'s
+  (torch's refuses CPU tensors);
+* NanDetectHook's ``dump_dir`` in the drill's directory, at least one bundle
+  a run;
+* with several ranks and no GPU, the gloo backend and DDP without device
+  ids.
+"""
+import copy
+import os.path as osp
+
+import torch
+
+from ..demo import synthetic
+
+# Keys of pipeline steps (and a preprocessor's, and mmdet's batch augments)
+# that hold image sizes; RandomAffine's border is one in pixels.
+SIZE_KEYS = ('scale', 'img_scale', 'crop_size', 'size', 'scales', 'border',
+             'random_size_range')
+# The synthetic VOC data is a VOC2007 directory.
+VOC_YEAR = 'VOC2007'
+HOOK_TYPES = ('NanDetectHook', 'mmnanhook.NanDetectHook')
+# Samples a batch in a drill.
+BATCH = 2
+
+
+def dataset_configs(dataset):
+    """Every dataset config inside ``dataset`` (wrappers, Concat members),
+    outermost first."""
+    yield dataset
+    if 'dataset' in dataset:  # RepeatDataset, MultiImageMixDataset ...
+        for inner in dataset_configs(dataset['dataset']):
+            yield inner
+    for member in dataset.get('datasets') or []:
+        for inner in dataset_configs(member):
+            yield inner
+
+
+def _leaves(cfg):
+    """The dataset configs that read files (no ``dataset``/``datasets``)."""
+    return [d for d in dataset_configs(cfg.train_dataloader.dataset)
+            if 'dataset' not in d and not d.get('datasets')]
+
+
+def rescale(cfg, factor):
+    """Multiply every image size of the train pipelines (and of a
+    ``PipelineSwitchHook``'s second pipeline, a preprocessor's ``size`` and
+    batch augments) by ``factor``; in place.
+
+    Args:
+        cfg (mmengine.Config): The loaded config.
+        factor (float): The factor.
+    """
+    seen = set()
+    for dataset in dataset_configs(cfg.train_dataloader.dataset):
+        steps = dataset.get('pipeline') or []
+        if id(steps) not in seen:  # Concat members may share one list
+            seen.add(id(steps))
+            _rescale_steps(steps, factor)
+    for hook in cfg.get('custom_hooks') or []:
+        _rescale_steps(hook.get('switch_pipeline') or [], factor)
+    preprocessor = cfg.model.get('data_preprocessor') or {}
+    if preprocessor.get('size') is not None:
+        preprocessor['size'] = _scaled(preprocessor['size'], factor)
+    _rescale_steps(preprocessor.get('batch_augments') or [], factor)
+
+
+def _rescale_steps(steps, factor):
+    for step in steps:
+        for key in SIZE_KEYS:
+            if key in step and not isinstance(step[key], dict):
+                step[key] = _scaled(step[key], factor)
+        for nested in step.get('transforms') or []:
+            _rescale_steps(nested if isinstance(nested, list) else [nested],
+                           factor)
+
+
+def _scaled(value, factor):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return int(round(value * factor))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_scaled(v, factor) for v in value)
+    return value
+
+
+def short_side(cfg):
+    """The short side of the train pipeline's image scale (the largest,
+    where it picks among several), or ``None`` where no step says one."""
+    for dataset in dataset_configs(cfg.train_dataloader.dataset):
+        for step in dataset.get('pipeline') or []:
+            for key in ('scale', 'img_scale', 'scales'):
+                sides = _sides(step.get(key))
+                if sides:
+                    return max(sides)
+    return None
+
+
+def _sides(value):
+    """The short side of a ``(w, h)`` scale, or of each of a list of
+    them."""
+    if isinstance(value, (list, tuple)):
+        if len(value) == 2 and all(isinstance(v, int) for v in value):
+            return [min(value)]
+        return [s for v in value for s in _sides(v)]
+    return []
+
+
+def data_format(cfg):
+    """The format a synthetic stand-in of the config's data is written in:
+    ``'coco'``, ``'coco_masks'``, ``'voc'`` or ``'dota'``; ``None`` for
+    another."""
+    types = [str(d.get('type', '')).lower() for d in _leaves(cfg)]
+    if any('panoptic' in t for t in types):
+        return None
+    if types and all('dota' in t for t in types):
+        return 'dota'
+    if types and all('voc' in t or 'xml' in t for t in types):
+        return 'voc'
+    if types and all('coco' in t for t in types):
+        return 'coco_masks' if _with_mask(cfg.train_dataloader.dataset) \
+            else 'coco'
+    return None
+
+
+def _with_mask(node):
+    """Whether a step of the pipelines loads masks."""
+    if isinstance(node, dict):
+        return node.get('with_mask') is True or any(
+            _with_mask(v) for v in node.values())
+    if isinstance(node, (list, tuple)):
+        return any(_with_mask(v) for v in node)
+    return False
+
+
+def write_synthetic(kind, root, num_images, seed=0):
+    """Write ``num_images`` synthetic 320 px images in ``kind``'s format
+    under ``root``.
+
+    Returns:
+        dict: The writer's description (``data_root`` ...).
+    """
+    side = 320
+    if kind in ('coco', 'coco_masks'):
+        return synthetic.make_coco_dataset(root, num_images=num_images,
+                                           image_size=side, seed=seed,
+                                           masks=kind == 'coco_masks')
+    if kind == 'voc':
+        data = synthetic.make_voc_dataset(
+            osp.join(root, VOC_YEAR), num_images=num_images,
+            image_size=side, seed=seed)
+        data['data_root'] = osp.abspath(root)
+        return data
+    return synthetic.make_dota_dataset(root, num_images=num_images,
+                                       image_size=side, seed=seed)
+
+
+def point_at(cfg, kind, data):
+    """Every dataset of the config that reads files reads ``data`` (its
+    pipeline and filters as they are); in place."""
+    root = data['data_root']
+    for leaf in _leaves(cfg):
+        if kind in ('coco', 'coco_masks'):
+            leaf.update(data_root=root, ann_file=synthetic.COCO_ANN_FILE,
+                        data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
+        elif kind == 'voc':
+            leaf.update(data_root=root,
+                        ann_file=osp.join(VOC_YEAR, synthetic.VOC_SPLIT_FILE),
+                        data_prefix=dict(sub_data_root=VOC_YEAR + '/'))
+        else:
+            leaf.update(data_root=root, ann_file=synthetic.DOTA_ANN_DIR + '/',
+                        data_prefix=dict(
+                            img_path=synthetic.DOTA_IMG_DIR + '/'))
+    for wrapper in dataset_configs(cfg.train_dataloader.dataset):
+        if wrapper.get('type', '').endswith('RepeatDataset'):
+            wrapper['times'] = 1
+
+
+def _undownloaded(node):
+    """``init_cfg``s of type ``Pretrained`` whose checkpoint is not a local
+    file, and old-style ``pretrained`` URLs, set to ``None``; in place.
+    Returns how many."""
+    count = 0
+    if isinstance(node, dict):
+        init = node.get('init_cfg')
+        if isinstance(init, dict) and init.get('type') == 'Pretrained' and \
+                not osp.isfile(str(init.get('checkpoint'))):
+            node['init_cfg'] = None
+            count += 1
+        pretrained = node.get('pretrained')
+        if isinstance(pretrained, str) and not osp.isfile(pretrained):
+            node['pretrained'] = None
+            count += 1
+        for value in node.values():
+            count += _undownloaded(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            count += _undownloaded(value)
+    return count
+
+
+def hook_config(cfg):
+    """NanDetectHook's config in ``cfg`` (``default_hooks`` or
+    ``custom_hooks``), or ``None``."""
+    for hook in list((cfg.get('default_hooks') or {}).values()) + list(
+            cfg.get('custom_hooks') or []):
+        if isinstance(hook, dict) and hook.get('type') in HOOK_TYPES:
+            return hook
+    return None
+
+
+def without_hook(cfg):
+    """``cfg`` with NanDetectHook taken out (a copy)."""
+    cfg = copy.deepcopy(cfg)
+    hooks = cfg.get('default_hooks') or {}
+    for key in [k for k, v in hooks.items()
+                if isinstance(v, dict) and v.get('type') in HOOK_TYPES]:
+        hooks.pop(key)
+    if cfg.get('custom_hooks'):
+        cfg.custom_hooks = [h for h in cfg.custom_hooks
+                            if h.get('type') not in HOOK_TYPES]
+    return cfg
+
+
+class Prepared(object):
+    """The drill's config, and what it changed of the user's.
+
+    Args:
+        cfg (mmengine.Config): The config with NanDetectHook.
+        data (str): ``'own'`` (the config's dataset) or the synthetic
+            format written.
+        changes (list[str]): What the drill changed, for the user.
+    """
+
+    def __init__(self, cfg, data, changes):
+        self.cfg = cfg
+        self.data = data
+        self.changes = changes
+
+
+def prepare(config_path, data_dir, length, policy=None, image_size=320,
+            synthetic_data=False, distributed=False):
+    """Load and shorten the user's config for the drill.
+
+    Args:
+        config_path (str): The user's config.
+        data_dir (str): Where a synthetic dataset is written.
+        length (int): Iterations each run trains.
+        policy (str, optional): NanDetectHook's policy for the drill; else
+            the config's, else the hook's default.
+        image_size (int): The short side images are scaled to; 0 keeps the
+            config's sizes.
+        synthetic_data (bool): Use a synthetic dataset even where the
+            config's own data is at hand.
+        distributed (bool): Ranks of a process group train it.
+
+    Returns:
+        Prepared: The config and what was changed.
+
+    Raises:
+        DatasetError: The config cannot be loaded, or neither its data nor
+            a synthetic stand-in can be had.
+    """
+    from ..doctor._dataset import load_config, try_build_dataset
+    from ..errors import DatasetError
+    cfg = load_config(config_path, 'load')
+    changes = []
+    data = 'own'
+    if synthetic_data or try_build_dataset(cfg)[0] is None:
+        data = data_format(cfg)
+        if data is None:
+            raise DatasetError(
+                'the train dataset of {} cannot be built here and the drill '
+                'has no synthetic stand-in of its format (COCO, VOC, DOTA): '
+                'run the drill where the data is'.format(config_path))
+        images = BATCH * length * 8
+        point_at(cfg, data, write_synthetic(
+            data, data_dir, images))
+        changes.append('a synthetic {} dataset of {} images'.format(
+            data, images))
+    loader = cfg.train_dataloader
+    loader.update(batch_size=BATCH, num_workers=0, persistent_workers=False)
+    # Assigned, not updated: ConfigDict.update merges into the old sampler.
+    loader['sampler'] = dict(type='DrillSampler',
+                             sampler=copy.deepcopy(loader.sampler),
+                             length=BATCH * length)
+    changes.append('{} samples a batch, no loader workers'.format(BATCH))
+    _shorten(cfg, length)
+    changes.append('{} iterations'.format(length))
+    side = short_side(cfg)
+    if image_size and side and side > image_size:
+        rescale(cfg, float(image_size) / side)
+        changes.append('images scaled {}/{}'.format(image_size, side))
+    undownloaded = _undownloaded(cfg.model)
+    if cfg.get('load_from') and not osp.isfile(str(cfg.load_from)):
+        cfg.load_from = None
+        undownloaded += 1
+    if undownloaded:
+        changes.append('random weights (pretrained weights not downloaded)')
+    cfg.resume = False
+    randomness = cfg.get('randomness') or {}
+    if randomness.get('seed') is None:
+        # Else each run draws its own seed: no two runs could be compared.
+        cfg.randomness = dict(randomness, seed=0)
+        changes.append('seed 0 (the config sets none)')
+    if distributed and not torch.cuda.is_available():
+        from ._syncbn import use_cpu_syncbn
+        if use_cpu_syncbn(cfg):
+            changes.append("SyncBN as the drill's CPU all-reduce batch norm")
+        cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})
+        cfg.env_cfg.dist_cfg['backend'] = 'gloo'
+        wrapper = dict(cfg.get('model_wrapper_cfg') or
+                       dict(type='MMDistributedDataParallel'))
+        cfg.model_wrapper_cfg = dict(wrapper, device_ids=None)
+    _place_hook(cfg, policy)
+    return Prepared(cfg, data, changes)
+
+
+def _shorten(cfg, length):
+    train_cfg = cfg.train_cfg
+    if 'max_iters' in train_cfg or 'Iter' in str(train_cfg.get('type', '')):
+        train_cfg.update(max_iters=length, val_interval=length + 1)
+    else:
+        train_cfg.update(max_epochs=1, val_interval=2)
+    for hook in cfg.get('custom_hooks') or []:
+        # A PipelineSwitchHook's switch falls inside the one epoch.
+        if 'switch_epoch' in hook:
+            hook['switch_epoch'] = min(hook['switch_epoch'], 0)
+    for key in ('val_dataloader', 'val_cfg', 'val_evaluator',
+                'test_dataloader', 'test_cfg', 'test_evaluator'):
+        cfg[key] = None
+    hooks = cfg.get('default_hooks') or {}
+    if hooks.get('checkpoint'):
+        # Each checkpoint is a write of the whole state: none but the last.
+        hooks['checkpoint'].update(interval=length + 1, by_epoch=False,
+                                   save_last=False)
+
+
+def _place_hook(cfg, policy):
+    hook = hook_config(cfg)
+    if hook is None:
+        cfg.setdefault('default_hooks', {})
+        cfg.default_hooks['nan_detect'] = dict(
+            type='mmnanhook.NanDetectHook')
+        # The ConfigDict it became, not the dict given.
+        hook = cfg.default_hooks['nan_detect']
+    if policy is not None:
+        hook['policy'] = policy
+    hook['max_dumps'] = max(int(hook.get('max_dumps', 5)), 1)

@@ -1,0 +1,148 @@
+"""One shipped config per model family (a directory of
+``<package>/.mim/configs``), for the zoo-wide drill
+(tests/zoo/test_zoo_drill.py; ``python -m mmnan_testing.families`` drills
+them all).
+
+A family's config is chosen by rule, not by hand: a train config on COCO or
+VOC (mmdet) or DOTA (mmrotate), a ResNet-50 or tiny model and the 1x
+schedule where there is one, else the shortest name. Families that cannot
+be drilled here say why (:data:`NOT_HERE`); docs/compatibility.md lists
+them with the results.
+"""
+import importlib
+import os
+import os.path as osp
+import re
+
+# Directories of configs that are no model family.
+NOT_FAMILIES = ('_base_', 'common', 'misc', 'legacy_1.x')
+# The datasets a package's drill config may train on, by file name.
+_DATA = {'mmdet': re.compile(r'(coco|voc0712)(?!.*panoptic)'),
+         'mmrotate': re.compile(r'dota')}
+# Families no config of which trains on COCO/DOTA detection, or which need
+# what a CPU here has not: why, per package. (A family missing here and
+# failing the drill is a finding, not an exclusion.)
+NOT_HERE = {
+    'mmdet': {
+        'bytetrack': 'video tracking (MOT17), no COCO train config',
+        'cityscapes': 'Cityscapes only',
+        'crowddet': 'CrowdHuman only',
+        'deepfashion': 'DeepFashion only',
+        'deepsort': 'video tracking, no train config',
+        'dsdl': 'DSDL-format data only',
+        'glip': 'grounding: text encoder weights (BERT) downloaded',
+        'grounding_dino': 'grounding: text encoder weights (BERT) downloaded',
+        'mm_grounding_dino': 'grounding: text encoder weights (BERT) '
+                             'downloaded',
+        'lvis': 'LVIS only',
+        'lad': "its teacher's checkpoint downloaded",
+        'ld': "its teacher's checkpoint downloaded",
+        'mask2former_vis': 'video instance segmentation (YouTube-VIS)',
+        'masktrack_rcnn': 'video instance segmentation (YouTube-VIS)',
+        'objects365': 'Objects365 only',
+        'ocsort': 'video tracking, no train config',
+        'openimages': 'OpenImages only',
+        'qdtrack': 'video tracking (MOT17)',
+        'reid': 'person re-identification (MOT17 crops)',
+        'sort': 'video tracking, no train config',
+        'strongsort': 'video tracking, no train config',
+        'timm_example': 'needs timm (not in the legs)',
+        'v3det': 'V3Det only',
+        'wider_face': 'WIDER FACE only',
+        'selfsup_pretrain': 'self-supervised backbone weights downloaded',
+        'soft_teacher': 'semi-supervised: labeled and unlabeled COCO splits',
+        'panoptic_fpn': 'COCO panoptic annotations (no synthetic stand-in)',
+        'maskformer': 'COCO panoptic annotations (no synthetic stand-in)',
+        'mask2former': 'COCO panoptic annotations (no synthetic stand-in)',
+    },
+    'mmrotate': {},
+}
+
+
+def _score(name):
+    small = 'r50' in name or 'tiny' in name
+    return (not small, '1x' not in name, len(name), name)
+
+
+def config_root(package):
+    """``<package>/.mim/configs`` of an installed package."""
+    module = importlib.import_module(package)
+    return osp.join(osp.dirname(module.__file__), '.mim', 'configs')
+
+
+def families(package):
+    """``[(family, config path or None, why not)]`` of ``package``, sorted by
+    family: the config the drill trains, or why none is drilled here."""
+    root = config_root(package)
+    found = []
+    for family in sorted(os.listdir(root)):
+        where = osp.join(root, family)
+        if family in NOT_FAMILIES or not osp.isdir(where):
+            continue
+        why = NOT_HERE[package].get(family)
+        names = sorted((n for n in os.listdir(where)
+                        if _DATA[package].search(n)), key=_score)
+        if why is None and not names:
+            why = 'no {} train config'.format(
+                'COCO or VOC' if package == 'mmdet' else 'DOTA')
+        found.append((family, None if why else osp.join(where, names[0]),
+                      why))
+    return found
+
+
+def drill(config, work_dir, *args, **kwargs):
+    """``mmnan drill CONFIG --work-dir WORK_DIR ARGS --json`` in a fresh
+    process: ``(exit code, the drill's JSON or None, stderr)``."""
+    import json
+
+    from .cli import mmnan
+    result = mmnan('drill', config, '--work-dir', work_dir, '--json', *args,
+                   **kwargs)
+    try:
+        found = json.loads(result.stdout)
+    except ValueError:
+        found = None
+    return result.returncode, found, result.stderr
+
+
+def first_failure(found):
+    """``'<run> <check>: <detail>'`` of a drill's first check that does not
+    hold, or ``None``."""
+    for verdict in (found or {}).get('verdicts', []):
+        for check in verdict['checks']:
+            if not check['ok']:
+                return '{} {}: {}'.format(verdict['run'], check['name'],
+                                          check['detail'])
+    return None
+
+
+def main(argv=None):
+    """``python -m mmnan_testing.families PACKAGE OUT [FAMILY...]``: drill
+    every family of ``PACKAGE`` (or those named), one JSON line each in
+    ``OUT`` (the lines of docs/compatibility.md's table come from it)."""
+    import json
+    import shutil
+    import sys
+    import tempfile
+    import time
+    package, out = (argv or sys.argv[1:])[:2]
+    wanted = (argv or sys.argv[1:])[2:]
+    for family, config, why in families(package):
+        if wanted and family not in wanted:
+            continue
+        line = dict(package=package, family=family, why_not=why,
+                    config=config and osp.relpath(config,
+                                                  config_root(package)))
+        if config is not None:
+            work_dir = tempfile.mkdtemp(prefix='drill_' + family)
+            start = time.monotonic()
+            code, found, _ = drill(config, work_dir)
+            line.update(code=code, seconds=round(time.monotonic() - start),
+                        failure=first_failure(found))
+            shutil.rmtree(work_dir, ignore_errors=True)
+        with open(out, 'a') as f:
+            f.write(json.dumps(line) + '\n')
+
+
+if __name__ == '__main__':
+    main()
