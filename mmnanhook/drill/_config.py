@@ -23,6 +23,7 @@ without it (the clean comparison is between those two):
 """
 import copy
 import os.path as osp
+from typing import Optional
 
 import torch
 
@@ -252,8 +253,10 @@ class Prepared(object):
         self.changes = changes
 
 
-def prepare(config_path, data_dir, length, policy=None, image_size=320,
-            synthetic_data=False, distributed=False):
+def prepare(config_path: str, data_dir: str, length: int,
+            policy: Optional[str] = None, image_size: int = 320,
+            synthetic_data: bool = False,
+            distributed: bool = False) -> 'Prepared':
     """Load and shorten the user's config for the drill.
 
     Args:

@@ -9,18 +9,21 @@ that dies is recorded as such and the remaining runs go on in a new process
 (one process: under a launcher, the ranks' process group cannot be made
 again); a run that takes longer than ``timeout`` seconds is killed.
 """
+import json
 import os
 import os.path as osp
 import signal
 import sys
 import tempfile
 import time
+from typing import Callable, Optional, Sequence
 
 from .._child import Child
 from ..errors import DatasetError
 from ..options import POLICIES
 from ._faults import FAULTS
-from ._runs import CLEAN, CLEAN_WITHOUT, read_results, results_path
+from ._runs import (CLEAN, CLEAN_WITHOUT, read_results, results_path,
+                    write_results)
 from ._verdict import judge_clean, judge_fault
 
 # Iterations trained after the fault's.
@@ -105,15 +108,18 @@ def _validate(config, faults, iter, rank, world, policy, timeout):
 
 
 def _shared_dir():
-    """A work dir every rank of a launcher's group names alike."""
-    run = os.environ.get('TORCHELASTIC_RUN_ID') or 'port{}'.format(
-        os.environ.get('MASTER_PORT', ''))
-    return osp.join(tempfile.gettempdir(), 'mmnan_drill_' + run)
+    """A new work dir every local rank of a launcher's group names alike:
+    by the launcher's process (their parent) and its port."""
+    return osp.join(tempfile.gettempdir(), 'mmnan_drill_{}_{}'.format(
+        os.getppid(), os.environ.get('MASTER_PORT', '')))
 
 
-def run_drill(config, faults=FAULTS, iter=1, rank=0, policy=None,
-              launcher='none', work_dir=None, image_size=320,
-              synthetic=False, timeout=900.0, say=None):
+def run_drill(config: str, faults: Sequence[str] = FAULTS, iter: int = 1,
+              rank: int = 0, policy: Optional[str] = None,
+              launcher: str = 'none', work_dir: Optional[str] = None,
+              image_size: int = 320, synthetic: bool = False,
+              timeout: float = 900.0,
+              say: Optional[Callable[[str], None]] = None) -> 'Drill':
     """Drill NanDetectHook on a config: a clean run with and without it,
     and one run per fault planted in iteration ``iter`` on rank ``rank``.
 
@@ -125,9 +131,9 @@ def run_drill(config, faults=FAULTS, iter=1, rank=0, policy=None,
         policy (str, optional): NanDetectHook's policy; else the config's.
         launcher (str): ``'none'`` or ``'pytorch'`` (this process is one
             rank of ``torchrun``'s).
-        work_dir (str, optional): Where runs, bundles and logs go; else a
-            new temporary directory (under a launcher, one every rank
-            names alike).
+        work_dir (str, optional): Where runs, bundles and logs go (not one
+            an earlier drill wrote to); else a new temporary directory
+            (under a launcher, one every local rank names alike).
         image_size (int): The short side images are scaled to (0: as the
             config says).
         synthetic (bool): A synthetic dataset even where the config's own
@@ -151,6 +157,10 @@ def run_drill(config, faults=FAULTS, iter=1, rank=0, policy=None,
     if work_dir is None:
         work_dir = _shared_dir() if distributed else tempfile.mkdtemp(
             prefix='mmnan_drill_')
+    if osp.exists(results_path(work_dir, this)):
+        # Its runs' bundles and outcomes would be taken for this drill's.
+        raise ValueError('--work-dir: {} holds an earlier drill; give a new '
+                         'directory'.format(work_dir))
     os.makedirs(work_dir, exist_ok=True)
     spec = dict(config=osp.abspath(config), work_dir=osp.abspath(work_dir),
                 faults=faults, iter=iter, rank=rank, policy=policy,
@@ -171,7 +181,6 @@ def run_drill(config, faults=FAULTS, iter=1, rank=0, policy=None,
 def _run_children(spec, this, distributed, timeout, say):
     """Run the drill's runs, a new process after one that died, until each
     has an outcome; the results."""
-    import json
     work_dir = spec['work_dir']
     spec_path = osp.join(work_dir, 'spec.rank{}.json'.format(this))
     with open(spec_path, 'w') as f:
@@ -198,9 +207,7 @@ def _run_children(spec, this, distributed, timeout, say):
         runs[started] = dict(died='killed after {:g} s'.format(timeout)
                              if hung else _death(code, log_path))
         results['started'] = None
-        with open(path + '.tmp', 'w') as f:
-            json.dump(results, f)
-        os.replace(path + '.tmp', path)
+        write_results(path, results)
         if distributed:
             return results
 

@@ -9,6 +9,7 @@ import json
 import os
 import os.path as osp
 import traceback
+from typing import Optional
 
 import torch
 from mmengine.hooks import Hook
@@ -37,7 +38,8 @@ def read_results(path):
         return {}
 
 
-def _write(path, results):
+def write_results(path, results):
+    """Write a results file atomically (its reader may look at any time)."""
     with open(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=1, sort_keys=True)
     os.replace(path + '.tmp', path)
@@ -79,7 +81,7 @@ def _same_tensor(a, b):
                                      .all())
 
 
-def first_difference(a, b, path='state'):
+def first_difference(a, b, path: str = 'state') -> Optional[str]:
     """Where ``a`` and ``b`` (tensors in nested dicts and lists) differ
     first, bitwise; ``None`` when they do not."""
     if torch.is_tensor(a) or torch.is_tensor(b):
@@ -203,7 +205,7 @@ def _init_gloo(timeout):
             'gloo', timeout=datetime.timedelta(seconds=timeout))
 
 
-def run_all(spec):
+def run_all(spec: dict) -> None:
     """Run what ``spec`` asks that this rank's results do not hold yet.
 
     Args:
@@ -228,7 +230,7 @@ def run_all(spec):
             distributed=spec['launcher'] != 'none')
     except DatasetError as error:  # said in one line by ``mmnan drill``
         results['failed'] = str(error)
-        _write(path, results)
+        write_results(path, results)
         return
     results['prepared'] = dict(data=prepared.data, changes=prepared.changes,
                                policy=hook_config(prepared.cfg).get(
@@ -238,7 +240,7 @@ def run_all(spec):
         if name in results['runs']:
             continue
         results['started'] = name
-        _write(path, results)
+        write_results(path, results)
         fault = None if name in (CLEAN_WITHOUT, CLEAN) else name
         outcome, state = _train(_run_config(prepared, name, spec), fault,
                                 spec, rank)
@@ -248,4 +250,4 @@ def run_all(spec):
             outcome['difference'] = first_difference(clean_state, state)
         results['runs'][name] = outcome
         results['started'] = None
-        _write(path, results)
+        write_results(path, results)

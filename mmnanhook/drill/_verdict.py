@@ -70,7 +70,8 @@ def _short(text, width=120):
     return text[:width - 3] + '...'
 
 
-def judge_clean(without, with_hook, length, rank):
+def judge_clean(without: Optional[dict], with_hook: Optional[dict],
+                length: int, rank: int) -> Verdict:
     """The clean runs: the config trains here, and NanDetectHook changes
     nothing of it.
 
@@ -105,7 +106,8 @@ def judge_clean(without, with_hook, length, rank):
     return Verdict('clean', rank, checks)
 
 
-def judge_fault(fault, outcome, spec, policy, rank):
+def judge_fault(fault: str, outcome: Optional[dict], spec: dict,
+                policy: str, rank: int) -> Verdict:
     """One fault's run.
 
     Args:

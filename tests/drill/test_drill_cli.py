@@ -105,6 +105,12 @@ def test_bad_options_are_bad_input(tmp_path, args, expected):
                      'drill', expected)
 
 
+def test_an_earlier_drills_work_dir_is_bad_input(tmp_path):
+    (tmp_path / 'results.rank0.json').write_text('{}')
+    assert_bad_input(mmnan('drill', TINY, '--work-dir', tmp_path), 'drill',
+                     '--work-dir: {} holds an earlier drill'.format(tmp_path))
+
+
 def test_a_missing_config_is_bad_input(tmp_path):
     missing = str(tmp_path / 'missing.py')
     assert_bad_input(mmnan('drill', missing), 'drill',

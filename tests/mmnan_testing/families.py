@@ -19,11 +19,18 @@ NOT_FAMILIES = ('_base_', 'common', 'misc', 'legacy_1.x')
 # The datasets a package's drill config may train on, by file name.
 _DATA = {'mmdet': re.compile(r'(coco|voc0712)(?!.*panoptic)'),
          'mmrotate': re.compile(r'dota')}
-# Families no config of which trains on COCO/DOTA detection, or which need
-# what a CPU here has not: why, per package. (A family missing here and
-# failing the drill is a finding, not an exclusion.)
+# Families no config of which trains on COCO/VOC/DOTA detection, or whose
+# config does not train here without mmnanhook either (seen in the sweep of
+# docs/compatibility.md): why, per package. A family missing here that
+# fails the drill is a finding, not an exclusion.
 NOT_HERE = {
     'mmdet': {
+        'albu_example': 'albumentations is not installed in the leg',
+        'boxinst': 'scikit-image is not installed in the leg (its data '
+                   'preprocessor needs it)',
+        'carafe': "mmcv's CARAFE op has no CPU implementation",
+        'cascade_rpn': 'its config does not build in mmdet 3.3.0 '
+                       '(CascadeRPNHead: num_classes missing)',
         'bytetrack': 'video tracking (MOT17), no COCO train config',
         'cityscapes': 'Cityscapes only',
         'crowddet': 'CrowdHuman only',
@@ -55,7 +62,13 @@ NOT_HERE = {
         'maskformer': 'COCO panoptic annotations (no synthetic stand-in)',
         'mask2former': 'COCO panoptic annotations (no synthetic stand-in)',
     },
-    'mmrotate': {},
+    'mmrotate': {
+        'cfa': "mmcv's convex_iou has no CPU implementation",
+        'oriented_reppoints': "mmcv's convex_iou has no CPU implementation",
+        'convnext': 'needs mmcls (mmpretrain 0.x), not in the leg',
+        'csl': 'an AMP config: AmpOptimWrapper needs a GPU',
+        'psc': 'uses torch.pi, which torch 1.7 lacks',
+    },
 }
 
 
@@ -136,12 +149,31 @@ def main(argv=None):
         if config is not None:
             work_dir = tempfile.mkdtemp(prefix='drill_' + family)
             start = time.monotonic()
-            code, found, _ = drill(config, work_dir)
+            code, found, stderr = drill(config, work_dir)
+            said = (stderr.strip().splitlines() or [''])[-1]
             line.update(code=code, seconds=round(time.monotonic() - start),
-                        failure=first_failure(found))
+                        failure=first_failure(found) or said[:300])
             shutil.rmtree(work_dir, ignore_errors=True)
         with open(out, 'a') as f:
             f.write(json.dumps(line) + '\n')
+
+
+def row(line):
+    """docs/compatibility.md's line of one family's drill (a JSON line of
+    :func:`main`)."""
+    config = '`{}`'.format(line['config']) if line['config'] else '—'
+    if line['why_not']:
+        result = 'not drilled here: ' + line['why_not']
+    elif line['code'] == 0:
+        result = 'holds ({} s)'.format(line['seconds'])
+    elif (line['failure'] or '').startswith('clean trains: without'):
+        result = 'does not train here: ' + line['failure'].split(
+            'without mmnanhook: ', 1)[1]
+    else:
+        result = 'FAILS: ' + (line['failure'] or 'exit {}'.format(
+            line['code']))
+    return '| {} | {} | {} |'.format(
+        line['family'], config, result.replace('|', '/'))
 
 
 if __name__ == '__main__':
