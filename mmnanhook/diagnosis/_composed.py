@@ -53,7 +53,11 @@ def trace_parts(findings, data_batch, dataset):
         data_batch (dict): The batch.
         dataset: The train dataset (in this process).
     """
-    samples = (data_batch or {}).get('data_samples') or []
+    samples = (data_batch or {}).get('data_samples')
+    if not isinstance(samples, (list, tuple)):
+        # mmyolo's yolov5_collate: one dict of the batch's boxes, no
+        # sample's metainfo (its file is not known).
+        samples = []
     sources = []
     for _, source, _ in mixers(dataset):
         if source is not None and all(source is not s for s in sources):

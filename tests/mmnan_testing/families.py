@@ -31,6 +31,11 @@ NOT_HERE = {
         'carafe': "mmcv's CARAFE op has no CPU implementation",
         'cascade_rpn': 'its config does not build in mmdet 3.3.0 '
                        '(CascadeRPNHead: num_classes missing)',
+        'centripetalnet': 'too slow for a CPU here: HourglassNet-104, 4.5 '
+                          'min a clean run of 3 iterations at 320 px, its '
+                          "diagnosis's replays over 13 min",
+        'cornernet': 'too slow for a CPU here: HourglassNet-104, as '
+                     'centripetalnet',
         'bytetrack': 'video tracking (MOT17), no COCO train config',
         'cityscapes': 'Cityscapes only',
         'crowddet': 'CrowdHuman only',
@@ -68,6 +73,12 @@ NOT_HERE = {
         'convnext': 'needs mmcls (mmpretrain 0.x), not in the leg',
         'csl': 'an AMP config: AmpOptimWrapper needs a GPU',
         'psc': 'uses torch.pi, which torch 1.7 lacks',
+        'redet': "mmcv's riroi_align_rotated has no CPU implementation",
+        'rotated_atss': "mmcv's diff_iou_rotated has no CPU implementation",
+        'rotated_fcos': "mmcv's diff_iou_rotated has no CPU implementation",
+        'rotated_reppoints': "mmcv's convex_iou has no CPU implementation",
+        'rotated_rtmdet': "mmcv's diff_iou_rotated has no CPU "
+                          'implementation',
     },
 }
 
