@@ -23,20 +23,20 @@ def iter_tensors(obj, _depth=0):
         return
     if _depth >= _MAX_DEPTH:
         return
-    # Attributes are looked up on the class or in __dict__ only: objects
-    # found among a frame's locals may have a __getattr__ that raises.
-    attrs = getattr(obj, '__dict__', None)
-    if isinstance(obj, Mapping):
-        children = obj.values()
-    elif isinstance(obj, (list, tuple)):
+    # The containers first: every train step's input check walks one.
+    if isinstance(obj, (list, tuple)):
         children = obj
+    elif isinstance(obj, Mapping):
+        children = obj.values()
     elif callable(getattr(type(obj), 'all_values', None)):
         children = obj.values()  # an mmengine data element's data fields
-    elif (isinstance(attrs, dict)
-          and isinstance(attrs.get('tensor'), torch.Tensor)):
-        children = (attrs['tensor'], )  # an mmdet/mmrotate box structure
     else:
-        return
+        # Attributes are looked up on the class or in __dict__ only: objects
+        # found among a frame's locals may have a __getattr__ that raises.
+        attrs = getattr(obj, '__dict__', None)
+        if not (isinstance(attrs, dict)
+                and isinstance(attrs.get('tensor'), torch.Tensor)):
+            return
+        children = (attrs['tensor'], )  # an mmdet/mmrotate box structure
     for child in children:
-        for tensor in iter_tensors(child, _depth + 1):
-            yield tensor
+        yield from iter_tensors(child, _depth + 1)

@@ -202,7 +202,9 @@ def _run_children(spec, this, distributed, timeout, say):
             return results
         started = results.get('started')
         if started is None:  # it ended before any run: nothing to go on with
-            results.setdefault('failed', _death(code, log_path))
+            results.setdefault('failed', 'its start took longer than {:g} s '
+                               '(killed)'.format(timeout) if hung else
+                               _death(code, log_path))
             return results
         runs[started] = dict(died='killed after {:g} s'.format(timeout)
                              if hung else _death(code, log_path))

@@ -111,6 +111,13 @@ def test_an_earlier_drills_work_dir_is_bad_input(tmp_path):
                      '--work-dir: {} holds an earlier drill'.format(tmp_path))
 
 
+def test_a_start_past_the_timeout_is_killed_and_said(tmp_path):
+    # Importing torch and the codebase alone takes longer than a second.
+    assert_bad_input(mmnan('drill', TINY, '--work-dir', tmp_path,
+                           '--timeout', '1'), 'drill',
+                     'its start took longer than 1 s (killed)')
+
+
 def test_a_missing_config_is_bad_input(tmp_path):
     missing = str(tmp_path / 'missing.py')
     assert_bad_input(mmnan('drill', missing), 'drill',
