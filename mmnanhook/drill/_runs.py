@@ -6,6 +6,7 @@ knows which run was under way should this one die (an op's SIGSEGV).
 """
 import copy
 import json
+import math
 import os
 import os.path as osp
 import traceback
@@ -166,6 +167,10 @@ def _train(cfg, fault, spec, rank):
     model = None if runner is None else unwrap_model(runner.model)
     outcome = dict(
         iters=len(probe.losses),
+        # The first iteration whose logged loss was not finite.
+        nonfinite_loss_at=next((i for i, loss in enumerate(probe.losses)
+                                if loss is not None and
+                                not math.isfinite(loss)), None),
         error=None if error is None else '{}: {}'.format(
             type(error).__name__, str(error).splitlines()[0][:300]
             if str(error) else ''),

@@ -87,9 +87,13 @@ def judge_clean(without: Optional[dict], with_hook: Optional[dict],
         if outcome is None:
             checks.append(Check(name, False, what + ': not run'))
             continue
+        at = outcome.get('nonfinite_loss_at')
         bad = _error(outcome) or (
-            None if outcome['iters'] == length else
-            '{} of {} iterations'.format(outcome['iters'], length))
+            '{} of {} iterations'.format(outcome['iters'], length)
+            if outcome['iters'] != length else
+            # Nothing to drill against: the config is not clean here.
+            'the loss is not finite at iteration {}'.format(at)
+            if at is not None else None)
         checks.append(Check(name, bad is None, '{}: {}'.format(
             what, bad or '{} iterations'.format(length))))
     if with_hook is not None and not _error(with_hook):
@@ -144,21 +148,32 @@ def judge_fault(fault: str, outcome: Optional[dict], spec: dict,
                         at))]
     if here:
         checks.append(_named(fault, planted, bundles))
-    checks.append(_policy(fault, policy, outcome, planted, spec, here))
+    checks.append(_policy(fault, policy, outcome, planted, spec, here,
+                          blamed=bool(_files(bundles))))
     checks.append(Check('finite', outcome['finite'],
                         'weights finite at the end' if outcome['finite']
                         else 'weights NOT finite at the end'))
     return Verdict(fault, rank, checks)
 
 
+def _files(bundles):
+    return [s for b in bundles for s in b['samples'] if s]
+
+
 def _named(fault, planted, bundles):
     name = planted.get('name')
     if fault == 'data':
-        named = [s for b in bundles for s in b['samples'] if s] or [
-            'sample {}'.format(i) for b in bundles
-            for i in b['sample_indices']]
-        ok = name in named if name else bool(named)
-        what = 'sample ' + str(name or 0)
+        named = _files(bundles)
+        ok = name in named
+        what = 'sample ' + str(name)
+        if not named:
+            # The NaN is planted in the batch, not in a file: a diagnosis
+            # that finds the file loading finite (a Mosaic sample's main
+            # image) or knows none (mmyolo's collate) names the sample's
+            # place, and must blame no file.
+            named = ['sample {}'.format(i) for b in bundles
+                     for i in b['sample_indices']]
+            ok, what = 'sample 0' in named, 'sample 0'
     elif fault == 'loss':
         named = [t for b in bundles for t in b['nonfinite_losses']]
         ok = name in named
@@ -172,7 +187,7 @@ def _named(fault, planted, bundles):
         what, ', '.join(map(str, named[:4])) or 'nothing'))
 
 
-def _policy(fault, policy, outcome, planted, spec, here):
+def _policy(fault, policy, outcome, planted, spec, here, blamed):
     length, at = spec['length'], spec['iter']
     error, scalars = _error(outcome), outcome['scalars']
     finished = error is None and outcome['iters'] == length
@@ -182,7 +197,8 @@ def _policy(fault, policy, outcome, planted, spec, here):
         seen = 'NonFiniteError raised in iteration {}'.format(at) if ok \
             else _short(error) or 'trained on'
     elif policy == 'drop' and fault == 'data':
-        listed = not here or not planted.get('name') or \
+        # The file is quarantined where the diagnosis blamed it.
+        listed = not here or not blamed or \
             planted['name'] in outcome['quarantined']
         ok = finished and listed and (scalars['samples_dropped'] >= 1
                                       or not here)

@@ -83,6 +83,18 @@ def test_a_died_run_and_a_changed_clean_run_fail():
     assert clean.failed.detail.endswith('at state.model.w')
 
 
+def test_a_config_whose_clean_run_goes_nan_is_not_clean():
+    # TridentNet at 320 px from random weights: NaN at iteration 2 without
+    # the hook (trained on), caught with it.
+    clean = judge_clean(
+        _outcome(nonfinite_loss_at=2), _outcome(
+            iters=2, error='NonFiniteError: Non-finite loss at iter 2',
+            error_type='NonFiniteError'), 3, 0)
+    assert [(c.ok, c.detail) for c in clean.checks] == [
+        (False, 'without mmnanhook: the loss is not finite at iteration 2'),
+        (False, 'with mmnanhook: NonFiniteError: Non-finite loss at iter 2')]
+
+
 def test_first_difference_is_bitwise_with_nan_equal():
     a = dict(w=torch.tensor([1.0, float('nan')]), lrs=[[0.1]])
     assert first_difference(a, dict(w=a['w'].clone(), lrs=[[0.1]])) is None
@@ -146,3 +158,24 @@ def test_the_sampler_is_the_users_cut(tmp_path):
     full.set_epoch(1)
     assert list(sampler) == list(full)[:6]
     assert sampler.dataset is dataset
+
+
+@pytest.mark.parametrize('samples, indices, ok, detail', [
+    (['/d/a.png'], [0], True, 'sample /d/a.png planted; named: /d/a.png'),
+    # Another file blamed: wrong, even at the planted place.
+    (['/d/b.png'], [0], False, 'sample /d/a.png planted; named: /d/b.png'),
+    # A Mosaic sample whose file loads finite: its place, no file blamed.
+    ([None], [0], True, 'sample 0 planted; named: sample 0'),
+    ([None], [1], False, 'sample 0 planted; named: sample 1'),
+])
+def test_a_data_fault_is_named_by_its_file_or_by_its_place(samples, indices,
+                                                           ok, detail):
+    planted = dict(kind='data', iter=1, rank=0, name='/d/a.png', hit=True,
+                   finite_after=None)
+    verdict = judge_fault('data', _outcome(
+        planted=planted, iters=1, error='NonFiniteError: x',
+        error_type='NonFiniteError', bundles=[_bundle(
+            trigger='exception', samples=samples,
+            sample_indices=indices)]), SPEC, 'raise', 0)
+    named = [c for c in verdict.checks if c.name == 'named'][0]
+    assert (named.ok, named.detail) == (ok, detail)
