@@ -67,6 +67,7 @@ def mmnan(*args, **kwargs):
         *args: Command-line arguments.
         importable (bool): Whether the project modules of
             :data:`PROJECT_DIR` are importable there. Defaults to True.
+        timeout (float): Seconds it may take. Defaults to 600.
 
     Returns:
         subprocess.CompletedProcess: With ``stdout`` and ``stderr`` as text.
@@ -77,11 +78,12 @@ def mmnan(*args, **kwargs):
         paths.insert(0, PROJECT_DIR)
     if paths:
         env['PYTHONPATH'] = os.pathsep.join(paths)
+    timeout = kwargs.pop('timeout', 600)
     assert not kwargs, kwargs
     return subprocess.run(
         [sys.executable, '-m', 'mmnanhook'] + [str(a) for a in args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        universal_newlines=True, env=env, timeout=600)
+        universal_newlines=True, env=env, timeout=timeout)
 
 
 def mmnan_patched(tmp_path, path, old, new, *args):

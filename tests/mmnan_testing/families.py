@@ -39,6 +39,8 @@ NOT_HERE = {
                      'centripetalnet',
         'dcn': "mmcv's deform_roi_pool has no CPU implementation",
         'dcnv2': "mmcv's deform_roi_pool has no CPU implementation",
+        'simple_copy_paste': "mmcv's SyncBN needs a process group even on "
+                             'one process (a drill under a launcher would)',
         'strong_baselines': "mmcv's SyncBN needs a process group even on "
                             'one process (a drill under a launcher would)',
         'tridentnet': 'not clean here: at 320 px from random weights its '
@@ -128,8 +130,10 @@ def drill(config, work_dir, *args, **kwargs):
     import json
 
     from .cli import mmnan
+    # A whole drill of an R50 family takes 1-6 min here, DETRs and
+    # TridentNet 10.
     result = mmnan('drill', config, '--work-dir', work_dir, '--json', *args,
-                   **kwargs)
+                   timeout=1800, **kwargs)
     try:
         found = json.loads(result.stdout)
     except ValueError:
