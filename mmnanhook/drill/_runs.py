@@ -58,7 +58,8 @@ class _Probe(Hook):
                          outputs=None):
         loss = (outputs or {}).get('loss')
         self.losses.append(None if loss is None else float(loss))
-        self.lrs.append([g['lr'] for g in runner.optim_wrapper.param_groups])
+        # get_lr: an OptimWrapperDict's too (mmagic's GANs).
+        self.lrs.append(runner.optim_wrapper.get_lr())
 
 
 def _state(runner, probe):
