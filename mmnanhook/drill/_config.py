@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from ..demo import synthetic
+from ..doctor._rules import config_dicts
 
 # Keys of pipeline steps (and a preprocessor's, and mmdet's batch augments)
 # that hold image sizes; RandomAffine's border is one in pixels.
@@ -140,12 +141,7 @@ def data_format(cfg):
 
 def _with_mask(node):
     """Whether a step of the pipelines loads masks."""
-    if isinstance(node, dict):
-        return node.get('with_mask') is True or any(
-            _with_mask(v) for v in node.values())
-    if isinstance(node, (list, tuple)):
-        return any(_with_mask(v) for v in node)
-    return False
+    return any(d.get('with_mask') is True for _, d in config_dicts(node))
 
 
 def write_synthetic(kind, root, num_images, seed=0):
@@ -196,21 +192,16 @@ def _undownloaded(node):
     file, and old-style ``pretrained`` URLs, set to ``None``; in place.
     Returns how many."""
     count = 0
-    if isinstance(node, dict):
-        init = node.get('init_cfg')
+    for _, found in config_dicts(node):
+        init = found.get('init_cfg')
         if isinstance(init, dict) and init.get('type') == 'Pretrained' and \
                 not osp.isfile(str(init.get('checkpoint'))):
-            node['init_cfg'] = None
+            found['init_cfg'] = None
             count += 1
-        pretrained = node.get('pretrained')
+        pretrained = found.get('pretrained')
         if isinstance(pretrained, str) and not osp.isfile(pretrained):
-            node['pretrained'] = None
+            found['pretrained'] = None
             count += 1
-        for value in node.values():
-            count += _undownloaded(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            count += _undownloaded(value)
     return count
 
 

@@ -18,6 +18,8 @@ import torch.distributed as dist
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..doctor._rules import config_dicts
+
 
 class _AllReduceSum(torch.autograd.Function):
     """A sum over the ranks whose gradient is the ranks' summed gradient."""
@@ -102,25 +104,17 @@ def use_cpu_syncbn(cfg, types=('SyncBN', 'MMSyncBN')):
     Returns:
         int: The ``norm_cfg`` entries changed, and conversions turned off.
     """
-    changed = [0]
+    changed = 0
     model = cfg.model
     kind = str(model.get('type', '')).split('.')[-1]
     if model.get('use_syncbn', _CONVERTING.get(kind, False)):
         model['use_syncbn'] = False
         types = tuple(types) + ('BN', )
-        changed[0] += 1
+        changed += 1
 
-    def visit(node):
-        if isinstance(node, dict):
-            norm = node.get('norm_cfg')
-            if isinstance(norm, dict) and norm.get('type') in types:
-                node['norm_cfg'] = dict(norm, type='CpuSyncBN')
-                changed[0] += 1
-            for value in node.values():
-                visit(value)
-        elif isinstance(node, (list, tuple)):
-            for value in node:
-                visit(value)
-
-    visit(cfg.model)
-    return changed[0]
+    for _, node in config_dicts(model):
+        norm = node.get('norm_cfg')
+        if isinstance(norm, dict) and norm.get('type') in types:
+            node['norm_cfg'] = dict(norm, type='CpuSyncBN')
+            changed += 1
+    return changed
