@@ -1,7 +1,7 @@
 """What the DDP vote before every backward costs (CPU, gloo, one host).
 
 Under DDP every backward first waits for the ranks' vote on whether a forward
-raised (``mmnanhook.sentinel.Ranks.before_backward``): one all-reduce of one
+raised (``mmnanhook.distributed.Ranks.before_backward``): one all-reduce of one
 float per rank over gloo, on the host (under NCCL too: a gloo group of its
 own, never a device sync). The first collective a train step calls from
 Python (mmdet's ``reduce_mean``) is voted before too (``ForwardGuard``), the
@@ -31,7 +31,7 @@ def _measure(votes, warmup):
     import torch
     import torch.distributed as dist
 
-    from mmnanhook.sentinel import ForwardGuard, Ranks
+    from mmnanhook.distributed import ForwardGuard, Ranks
     dist.init_process_group('gloo')
     ranks = Ranks.start()
     tensor = torch.ones(1)

@@ -1,6 +1,6 @@
 """Votes per iteration of a zoo config under DDP (CPU, gloo, one host).
 
-A train step waits for the ranks' vote (``mmnanhook.sentinel.Ranks.vote``)
+A train step waits for the ranks' vote (``mmnanhook.distributed.Ranks.vote``)
 before its backward and before the first collective it calls from Python
 (``ForwardGuard``; before each of them in the first step, which records
 them). This script trains ``--config`` (a key of ``mmnan_testing.zoo.ZOO``:
@@ -28,7 +28,7 @@ def _measure(config, out_dir):
     from mmengine.logging import MessageHub
     from mmengine.runner import Runner
 
-    from mmnanhook.sentinel import ForwardGuard, Ranks
+    from mmnanhook.distributed import ForwardGuard, Ranks
     from mmnan_testing.ddp_zoo import _config
     torch.set_num_threads(1)
     dist.init_process_group('gloo')

@@ -44,7 +44,7 @@ class _Wrapper(object):
 def _worker(rank, world, init, args, out):
     from mmnanhook.options import RewindOptions
     from mmnanhook.sentinel import Rewinder
-    from mmnanhook.sentinel._distributed import Ranks
+    from mmnanhook.distributed._ranks import Ranks
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=init, rank=rank,
                             world_size=world)

@@ -2,25 +2,32 @@
 
 The tiny RetinaNet of ``mmnan demo`` (one zero-width box in image 5) trains
 under ``NanDetectHook(policy='drop')``. From the moment tier 1's check
-returns the trigger's event until the update step's check that found it returns
-its decision (the step's fate settled: recomputed without the bad sample and
-applied), every call into a function of the package is recorded with the module it runs in and
-the package module it was called from (the nearest package frame below it:
-mmengine's and torch's frames in between are not modules of ours).
+returns the trigger's event until the update step's ``check_step`` returns
+(the step's fate settled: recomputed without the bad sample and applied),
+every call that a module of the package makes straight into a function of
+the package is recorded with both modules. A call that torch, mmengine or
+the model makes (a hook of ours that a replayed forward calls back) is not
+one module calling another and is left out.
 
-Counted, a **crossing**: a call from one module of the trigger's path into
-another module of the package. The path is every module but those that
-work for one room (a diagnosis's replays, the report, the bundle, the
-quarantine's file: calls made *inside* ``diagnosis/``, ``report/``,
-``bundle/``, ``quarantine/`` and ``doctor/`` are that room's own business)
-and the leaf modules every room uses as values (``records/``, ``errors``,
-``options``, ``compat``, ``_log``, ``_batch``, ``_patch``, ``_mmengine``,
-``_anomaly``), which are not counted as callees either.
+Counted, a **crossing**: such a call between two modules where either side
+is a room that settles the step's fate (``hook``, ``run/``, ``recovery/``,
+``sentinel/``): every call of the trigger's path between two of its
+modules, and every call from the rooms that work for it (``diagnosis/``,
+``report/``, ``bundle/``, ``quarantine/``, ``memory/``, ``distributed/``,
+``doctor/``) back into those rooms. Calls among the working rooms (a
+diagnosis formatting its report, writing its bundle) are their own
+business, and the bottom floor of docs/how-it-works.md, every room's tools
+(``records/``, ``errors``, ``options``, ``compat`` and every ``_*.py`` of
+the package's top level), is not counted as a callee. ``--path-only``
+counts as the trace did before issue 56: no call made inside the working
+rooms counted, every other call counted (``memory/`` and ``distributed/``
+were in ``sentinel/`` then).
 
 Usage::
 
-    python benchmarks/trigger_trace.py            # the count and the trace
-    python benchmarks/trigger_trace.py --all      # every call recorded
+    python benchmarks/trigger_trace.py              # the count and the trace
+    python benchmarks/trigger_trace.py --all        # every call recorded
+    python benchmarks/trigger_trace.py --path-only  # the count of issue 45
 """
 import _tests_path  # noqa: F401 - tests/ on the path (mmnan_testing)
 import argparse
@@ -33,8 +40,8 @@ import mmnanhook
 PACKAGE = osp.dirname(osp.abspath(mmnanhook.__file__)) + osp.sep
 ROOMS_OF_THEIR_OWN = ('diagnosis', 'report', 'bundle', 'quarantine',
                       'doctor', 'demo', 'cli')
-LEAVES = ('records', 'errors', 'options', 'compat', '_log', '_batch',
-          '_patch', '_mmengine', '_anomaly')
+DECIDING = ('hook', 'run', 'recovery', 'sentinel')
+LEAVES = ('records', 'errors', 'options', 'compat', 'version', 'registry')
 
 
 def module_of(code):
@@ -55,11 +62,19 @@ def _caller(frame):
     return None
 
 
+def _check_step(frame):
+    """The frame of ``WrapperSentinel.check_step`` below ``frame``: it
+    returns once the step's fate is settled."""
+    while frame.f_code.co_name != 'check_step':
+        frame = frame.f_back
+    return frame
+
+
 class Trace(object):
     """The calls of one trigger, from its event to its step's fate."""
 
     def __init__(self):
-        # The frame of the update step's check that found the trigger.
+        # The frame of the update step's check_step that found the trigger.
         self.outer = None
         self.calls = []
 
@@ -69,7 +84,7 @@ class Trace(object):
             if (event == 'return' and code.co_name == 'check'
                     and module_of(code) == 'sentinel._check'
                     and getattr(arg, 'event', None) is not None):
-                self.outer = frame.f_back
+                self.outer = _check_step(frame)
             return
         if event == 'return' and frame is self.outer:
             sys.setprofile(None)
@@ -77,19 +92,28 @@ class Trace(object):
         if event != 'call':
             return
         callee = module_of(code)
-        if callee is not None:
+        if callee is not None and module_of(frame.f_back.f_code) is not None:
+            # Called by a module of the package itself: what torch, mmengine
+            # or the model calls back (a hook of ours in a replayed
+            # forward) is not one room calling another.
             self.calls.append((_caller(frame), callee, code.co_name))
 
 
-def crossings(calls):
-    """The calls that cross between modules of the trigger's path."""
+def crossings(calls, path_only=False):
+    """The calls that cross between modules: to or from a room that
+    settles the step's fate (of the trigger's path alone: ``path_only``)."""
     counted = []
     for caller, callee, name in calls:
         if caller is None or caller == callee:
             continue
-        if caller.split('.')[0] in ROOMS_OF_THEIR_OWN:
+        room, into = caller.split('.')[0], callee.split('.')[0]
+        if into in LEAVES or into.startswith('_'):
+            # The bottom floor (docs/how-it-works.md): every room's tools.
             continue
-        if callee.split('.')[0] in LEAVES:
+        if path_only:
+            if room in ROOMS_OF_THEIR_OWN:
+                continue
+        elif room not in DECIDING and into not in DECIDING:
             continue
         counted.append((caller, callee, name))
     return counted
@@ -119,20 +143,25 @@ def main():
     parser.add_argument('--all', action='store_true',
                         help='print every call recorded, not only those '
                         'that cross')
+    parser.add_argument('--path-only', action='store_true',
+                        help='leave the calls out of the rooms that work on '
+                        'their own uncounted (the count before issue 56)')
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work_dir:
         calls = run(work_dir)
     if not calls:
         print('no trigger happened')
         return 1
-    counted = crossings(calls)
+    counted = crossings(calls, args.path_only)
     for caller, callee, name in (calls if args.all else counted):
         print('%-28s -> %-28s %s' % (caller, callee, name))
     rooms = [c for c in counted
              if c[0].split('.')[0] != c[1].split('.')[0]]
-    print('%d crossings between modules of the trigger\'s path, %d of them '
-          'between rooms (%d calls into the package recorded)' % (
-              len(counted), len(rooms), len(calls)))
+    print('%d crossings between modules%s, %d of them between rooms (%d '
+          'calls into the package recorded)' % (
+              len(counted), " of the trigger's path" if args.path_only
+              else ', from every room, to or from the deciding rooms',
+              len(rooms), len(calls)))
     return 0
 
 

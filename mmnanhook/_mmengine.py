@@ -1,5 +1,6 @@
 """MMEngine idioms the adapters share."""
 from mmengine.model import is_model_wrapper
+from mmengine.optim import OptimWrapperDict
 
 
 def unwrap_model(model):
@@ -41,3 +42,10 @@ def compile_options(runner):
     if value is None or value is False:
         return None
     return {} if value is True else dict(value)
+
+
+def members(optim_wrapper):
+    """The ``OptimWrapper`` instances of a wrapper or ``OptimWrapperDict``."""
+    if isinstance(optim_wrapper, OptimWrapperDict):
+        return list(optim_wrapper.values())
+    return [optim_wrapper]

@@ -21,9 +21,10 @@ from mmengine.registry import HOOKS
 from . import compat
 from ._patch import set_attribute
 from .doctor import check_run_config
+from .memory import History
 from .options import HookOptions
+from .quarantine import read_quarantine
 from .run import HookRun
-from .sentinel import History
 
 
 @HOOKS.register_module()
@@ -126,6 +127,9 @@ class NanDetectHook(Hook):
 
     def __init__(self, **options) -> None:
         self.options = HookOptions.build(**options)
+        if self.options.quarantine.quarantine is not None:
+            # A file that is not a quarantine list fails at build time.
+            read_quarantine(self.options.quarantine.quarantine)
         # Kept across runs: a bundle's history, and what a user reads after.
         self._history = History(maxlen=self.options.history)
         # The run's state, from before_train until the run ends, and how to

@@ -223,15 +223,15 @@ class QuarantineOptions(object):
 
     Args:
         quarantine (str, optional): A reviewed list to start from; read
-            now, so a file that is not one fails at build time.
+            when the hook is built (:class:`~mmnanhook.NanDetectHook`), so
+            a file that is not one fails at build time.
         quarantine_file (str, optional): Where the run's list is written
             (``None``: ``{work_dir}/nan_quarantine.json``).
         quarantine_skips (bool): Whether ``'skip'`` and ``'rewind'``
             quarantine the samples a diagnosis names too.
 
     Raises:
-        ValueError: Naming the first bad option, or the file (a
-            :class:`~mmnanhook.quarantine.QuarantineError`).
+        ValueError: Naming the first bad option.
     """
 
     quarantine: Optional[str] = None
@@ -242,9 +242,6 @@ class QuarantineOptions(object):
         check_path('quarantine', self.quarantine)
         check_path('quarantine_file', self.quarantine_file)
         check_bool('quarantine_skips', self.quarantine_skips)
-        if self.quarantine is not None:
-            from .quarantine import read_quarantine
-            read_quarantine(self.quarantine)
 
     take = classmethod(_take)
 

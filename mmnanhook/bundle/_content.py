@@ -5,9 +5,12 @@ allowlist (nothing else is imported or called, see
 :func:`._unpickle.torch_load_allowlisted`), and what loaded is checked
 to be what its name says before a replay uses it.
 """
+from __future__ import annotations
+
 import importlib
 import importlib.util
 import random
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -37,7 +40,7 @@ BUILT = tuple({type(np.dtype(code)) for code in '?bBhHiIlLqQefdFD'})
 _NUMPY_CORE = ('numpy._core', 'numpy.core')
 
 
-def find_allowed(module, name):
+def find_allowed(module: str, name: str) -> Any:
     """The object ``module.name`` if the allowlist holds it, else ``None``.
 
     The allowlist: numpy's arrays (:data:`_ALLOWED`), and every class of an
@@ -106,7 +109,7 @@ def _structure(module, name):
 
 
 def _rng_problem(state):
-    """Why ``state`` is not what :func:`~mmnanhook.sentinel.capture_rng`
+    """Why ``state`` is not what :func:`~mmnanhook.memory.capture_rng`
     returns, or ``None``."""
     if not isinstance(state, dict) or not {'torch', 'numpy',
                                            'random'} <= set(state):
@@ -191,7 +194,8 @@ def _some(names, most=3):
     return ', '.join(names[:most]) + (', ...' if len(names) > most else '')
 
 
-def state_dict_mismatch(expected, state):
+def state_dict_mismatch(expected: Dict[str, Any],
+                        state: Dict[str, Any]) -> Optional[str]:
     """Why ``state`` is not a state dict of the model whose own state dict
     is ``expected`` (missing, unexpected or reshaped entries), or ``None``.
     """
@@ -211,7 +215,7 @@ def state_dict_mismatch(expected, state):
                   if keys))
 
 
-def content_problem(stem, obj):
+def content_problem(stem: str, obj: Any) -> Optional[str]:
     """Why ``obj``, loaded from ``<stem>.pth``, is not what that file holds
     in a bundle, or ``None`` (also for a stem without a check)."""
     check = _CHECKS.get(stem)

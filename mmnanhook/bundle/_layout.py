@@ -13,6 +13,8 @@ Layout of a bundle directory::
                     an implicated sample's data info and image file (the
                     fixes run it through the train pipeline again)
 """
+from __future__ import annotations
+
 import datetime
 import hashlib
 import math
@@ -20,6 +22,7 @@ import numbers
 import os.path as osp
 import platform
 import sys
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -53,14 +56,14 @@ RNG = 'rng'
 STATE_FROM = 'state_from'
 
 
-def sample_info_name(index):
+def sample_info_name(index: int) -> str:
     """The data info of the implicated sample at batch position ``index``
     (JSON): with its image file, what an offline replay runs through the
     train pipeline again to verify a fix."""
     return 'sample{}_info.json'.format(int(index))
 
 
-def sample_image_name(index, path):
+def sample_image_name(index: int, path: str) -> str:
     """The copy of that sample's image file, its extension kept."""
     return 'sample{}_image{}'.format(int(index),
                                      osp.splitext(str(path))[1].lower())
@@ -70,7 +73,7 @@ def sample_image_name(index, path):
 AMP_DTYPES = {'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
 
-def amp_dtype_name(dtype):
+def amp_dtype_name(dtype: Optional[torch.dtype]) -> Optional[str]:
     """The manifest's name of an autocast dtype (``None`` for float32)."""
     for name, value in AMP_DTYPES.items():
         if dtype == value:
@@ -78,7 +81,11 @@ def amp_dtype_name(dtype):
     return None
 
 
-def render_manifest(event, epoch, amp_dtype, annotations, divergence=None):
+def render_manifest(event: Any, epoch: int,
+                    amp_dtype: Optional[torch.dtype],
+                    annotations: Optional[List[Any]],
+                    divergence: Optional[Dict[str, Any]] = None
+                    ) -> Dict[str, Any]:
     """The fields of ``manifest.json`` that describe a trigger.
 
     :func:`~mmnanhook.bundle.write_bundle` adds ``format_version``,
@@ -127,7 +134,7 @@ _PACKAGES = (
 )
 
 
-def versions():
+def versions() -> Dict[str, Optional[str]]:
     """Versions of python, torch, the OpenMMLab packages and mmnanhook.
 
     An imported package reports its ``__version__``; one not imported yet is
@@ -147,7 +154,7 @@ def versions():
     return result
 
 
-def to_strict_json(obj):
+def to_strict_json(obj: Any) -> Any:
     """Convert ``obj`` into plain data that :func:`json.dumps` writes as
     strict JSON.
 
@@ -183,7 +190,8 @@ def to_strict_json(obj):
     return str(obj)
 
 
-def bundle_name(iter, rank, when=None):
+def bundle_name(iter: int, rank: int,
+                when: Optional[datetime.datetime] = None) -> str:
     """Directory name of a bundle, e.g. ``20261130T214500_iter000123_rank0``.
 
     The local timestamp comes first so that a plain listing of ``dump_dir``
@@ -199,7 +207,7 @@ def bundle_name(iter, rank, when=None):
         when.strftime('%Y%m%dT%H%M%S'), int(iter), int(rank))
 
 
-def sha256(path):
+def sha256(path: str) -> str:
     digest = hashlib.sha256()
     with open(path, 'rb') as f:
         for chunk in iter(lambda: f.read(1 << 20), b''):

@@ -1,5 +1,8 @@
 """The history plot of a bundle (``history.png``)."""
+from __future__ import annotations
+
 import math
+from typing import Any, Dict, List, Optional
 
 from ..records import HISTORY_FIELDS
 
@@ -63,7 +66,8 @@ def _plain_formatter(minor=False):
     return FuncFormatter(lambda value, pos: '{:g}'.format(value))
 
 
-def plot_history(records, path, fail_iter=None):
+def plot_history(records: List[Dict[str, Any]], path: str,
+                 fail_iter: Optional[int] = None) -> None:
     """Plot loss, gradient norm, learning rate and loss scale into a PNG.
 
     Series without any recorded value (e.g. the loss scale without AMP) are

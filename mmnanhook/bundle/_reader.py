@@ -1,6 +1,9 @@
 """Opening a bundle: every file verified against the manifest first."""
+from __future__ import annotations
+
 import json
 import os.path as osp
+from typing import Any, Dict, Optional, Sequence
 
 from .._format import one_line as _one_line
 from ._unpickle import ForeignObjectError, torch_load_allowlisted
@@ -22,7 +25,8 @@ class Bundle(object):
         files (dict): File name -> manifest entry (name, size, sha256).
     """
 
-    def __init__(self, path, manifest, report, map_location):
+    def __init__(self, path: str, manifest: Dict[str, Any],
+                 report: Dict[str, Any], map_location: Any) -> None:
         self.path = path
         self.manifest = manifest
         self.report = report
@@ -33,11 +37,11 @@ class Bundle(object):
     def __repr__(self):
         return 'Bundle({!r})'.format(self.path)
 
-    def has(self, stem):
+    def has(self, stem: str) -> bool:
         """Whether the torch file ``<stem>.pth`` is in the bundle."""
         return stem + TORCH_SUFFIX in self.files
 
-    def load(self, stem):
+    def load(self, stem: str) -> Any:
         """Load ``<stem>.pth`` (once; later calls return the same object).
 
         Nothing in it runs: only tensors, plain containers and the classes
@@ -84,7 +88,7 @@ class Bundle(object):
         return obj
 
     @property
-    def state_ref(self):
+    def state_ref(self) -> Optional[StateRef]:
         """The :class:`StateRef` of the bundle this one replays its model
         (and optimizer) state from; ``None`` when it holds its own.
 
@@ -100,7 +104,7 @@ class Bundle(object):
             raise BundleError(_one_line('corrupt {} in {}: {}'.format(
                 STATE_FROM, osp.join(self.path, MANIFEST), error)))
 
-    def state_bundle(self):
+    def state_bundle(self) -> Bundle:
         """The bundle holding the state this one replays from: itself, or
         the verified bundle its :attr:`state_ref` names beside it.
 
@@ -127,7 +131,7 @@ class Bundle(object):
                 ' ({})'.format('; '.join(problems)) if problems else
                 ' (moved, or its write failed)')))
 
-    def state_note(self):
+    def state_note(self) -> str:
         """What this bundle replays on, in one line (``mmnan inspect`` and
         the replayed report say it)."""
         ref = self.state_ref
@@ -152,7 +156,7 @@ class Bundle(object):
                 'made rather than the samples may not reproduce'.format(
                     ref.iter, ref.rank, ref.iter, self.manifest.get('iter')))
 
-    def text(self, file_name):
+    def text(self, file_name: str) -> str:
         """The content of a text file of the bundle (e.g. the config)."""
         if file_name not in self.files:
             raise BundleError('{} has no {}'.format(self.path, file_name))
@@ -168,7 +172,8 @@ def _load_json(path):
         raise BundleError(_one_line('corrupt {}: {}'.format(path, error)))
 
 
-def load_bundle(path, map_location='cpu', load=()):
+def load_bundle(path: str, map_location: Any = 'cpu',
+                load: Sequence[str] = ()) -> Bundle:
     """Open and verify a bundle written by :func:`write_bundle`.
 
     Every file listed in the manifest is checked for presence, size and

@@ -8,11 +8,13 @@ kind of incident in the run, and only on one rank (the culprit's); every other
 bundle names the bundle that holds it (:class:`StateRef`). The bytes a run
 writes for its diagnoses are then bounded by one state per kind of incident.
 """
+from __future__ import annotations
+
 import dataclasses
 import glob
 import os.path as osp
 
-from typing import Optional
+from typing import Any, Dict, List, Optional, Sequence, Set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,12 +33,12 @@ class StateRef(object):
     rank: int
     run: Optional[str] = None
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As the manifest's ``state_from`` stores it."""
         return dict(iter=self.iter, rank=self.rank, run=self.run)
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Any) -> StateRef:
         """Read back :meth:`to_dict`.
 
         Raises:
@@ -49,12 +51,12 @@ class StateRef(object):
         return cls(int(data['iter']), int(data['rank']), data.get('run'))
 
     @classmethod
-    def of(cls, manifest):
+    def of(cls, manifest: Dict[str, Any]) -> StateRef:
         """The reference that names the bundle of ``manifest``."""
         return cls(manifest.get('iter'), manifest.get('rank'),
                    manifest.get('run'))
 
-    def candidates(self, dump_dir):
+    def candidates(self, dump_dir: str) -> List[str]:
         """Bundle directories of ``dump_dir`` this reference may name
         (:func:`~._layout.bundle_name`, with the suffix a clash adds),
         newest first."""
@@ -106,12 +108,14 @@ class StateLedger(object):
         every (bool): Every bundle holds the state (``dump_state='every'``).
     """
 
-    def __init__(self, run=None, every=False):
+    def __init__(self, run: Optional[str] = None,
+                 every: bool = False) -> None:
         self.run = run
         self.every = every
         self._held = {}
 
-    def plan(self, event, iter, findings, kind, diagnosers):
+    def plan(self, event: Any, iter: int, findings: Optional[List[Any]],
+             kind: Any, diagnosers: Sequence[int]) -> StatePlan:
         """What this rank's bundle of an incident does with the state.
 
         Args:
@@ -134,7 +138,9 @@ class StateLedger(object):
             return StatePlan(True)
         return StatePlan(False, StateRef(iter, writer, self.run))
 
-    def record(self, event, iter, findings, kind, diagnosers):
+    def record(self, event: Any, iter: int,
+               findings: Optional[List[Any]], kind: Any,
+               diagnosers: Sequence[int]) -> None:
         """The incident's bundles are written (arguments as :meth:`plan`):
         a new kind's state is in its writer's bundle."""
         if self.every:
@@ -142,7 +148,7 @@ class StateLedger(object):
         key, writer = _incident(event.trigger, findings, kind, diagnosers)
         self._held.setdefault(key, StateRef(iter, writer, self.run))
 
-    def kept(self):
+    def kept(self) -> Set[StateRef]:
         """The bundles that hold a state later bundles may name: never
         pruned."""
         return set(self._held.values())

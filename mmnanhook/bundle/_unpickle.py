@@ -4,11 +4,14 @@ Tensors, storages and plain containers load; any other global a pickle
 names loads only as the caller's allowlist resolves it (the bundle's content
 checks, :mod:`._content`).
 """
+from __future__ import annotations
+
 import codecs
 import pickle
 import types
 import zipfile
 from collections import OrderedDict
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -64,7 +67,7 @@ def _restricted_pickle_module(find):
 
     class Unpickler(pickle.Unpickler):
 
-        def find_class(self, module, name):
+        def find_class(self, module: str, name: str) -> Any:
             if module == '__builtin__':  # how protocol 2 names builtins
                 module = 'builtins'
             obj = _torch_global(module, name)
@@ -80,7 +83,9 @@ def _restricted_pickle_module(find):
     return restricted
 
 
-def torch_load_allowlisted(path, find, built=(), map_location='cpu'):
+def torch_load_allowlisted(path: str, find: Callable[[str, str], Any],
+                           built: Sequence[type] = (),
+                           map_location: Any = 'cpu') -> Any:
     """Load a :func:`torch.save` zip file without running code from it.
 
     Tensors, storages and plain containers load; any other global the

@@ -1,4 +1,6 @@
 """Writing a bundle atomically, and keeping at most ``max_dumps`` of them."""
+from __future__ import annotations
+
 import datetime
 import hashlib
 import json
@@ -9,6 +11,7 @@ import re
 import shutil
 import socket
 import tempfile
+from typing import Any, Callable, Collection, Dict, List, Optional
 
 import torch
 from .._log import log as _log
@@ -42,13 +45,13 @@ class _RecordingFile(object):
     recorded OSError tells the two apart.
     """
 
-    def __init__(self, f):
+    def __init__(self, f: Any) -> None:
         self._f = f
         self.error = None
         self.digest = hashlib.sha256()
         self.size = 0
 
-    def write(self, data):
+    def write(self, data: Any) -> int:
         try:
             written = self._f.write(data)
         except OSError as error:
@@ -59,10 +62,10 @@ class _RecordingFile(object):
         self.size += memoryview(data).nbytes
         return written
 
-    def flush(self):
+    def flush(self) -> None:
         self._f.flush()
 
-    def entry(self, name):
+    def entry(self, name: str) -> Dict[str, Any]:
         """The manifest's entry of the file written."""
         return dict(name=name, size=self.size,
                     sha256=self.digest.hexdigest())
@@ -213,9 +216,15 @@ def _prune(dump_dir, newest, rank, max_dumps, keep, log):
                 path, max_dumps))
 
 
-def write_bundle(dump_dir, name, manifest, tensors, texts, report,
-                 history_records, max_dumps=5, logger=None, blobs=None,
-                 render=None, keep=()):
+def write_bundle(dump_dir: str, name: str, manifest: Dict[str, Any],
+                 tensors: Dict[str, Any], texts: Dict[str, str],
+                 report: Dict[str, Any],
+                 history_records: Optional[List[Dict[str, Any]]],
+                 max_dumps: Optional[int] = 5,
+                 logger: Optional[logging.Logger] = None,
+                 blobs: Optional[Dict[str, bytes]] = None,
+                 render: Optional[Callable[..., Dict[str, bytes]]] = None,
+                 keep: Collection[StateRef] = ()) -> Optional[str]:
     """Write a bundle atomically into ``dump_dir/name``.
 
     Everything is written and fsynced in a hidden temp dir inside
@@ -268,7 +277,7 @@ def write_bundle(dump_dir, name, manifest, tensors, texts, report,
         raise ValueError('max_dumps must be >= 1 or None, got {}'.format(
             max_dumps))
 
-    def log(message, level=logging.INFO):
+    def log(message: str, level: int = logging.INFO) -> None:
         _log(message, level, logger)
 
     tmp = None

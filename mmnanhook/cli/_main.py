@@ -324,7 +324,7 @@ def _version():
         mmengine.__version__)
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog='mmnan',
         description='mmnanhook: find where NaN/Inf came from in MMEngine '

@@ -1,8 +1,11 @@
 """Offline replay of a bundle: rebuild the model from the bundle's config,
 load its parameters, batch and RNG, and run the tier-2 diagnosis again."""
+from __future__ import annotations
+
 import functools
 import json
 import os.path as osp
+from typing import Any, Tuple
 
 import torch
 
@@ -13,16 +16,16 @@ from ..diagnosis import (angle_range_from_config, apply_divergence,
 from ..errors import BundleError
 from ..records import Divergence, Report
 from ..report import explain_by_config, finalize
-from ..sentinel import restore_rng
+from ..memory import restore_rng
 
 
-def config_from_text(text):
+def config_from_text(text: str) -> Any:
     """An mmengine ``Config`` from the text a bundle holds."""
     from mmengine.config import Config
     return Config.fromstring(text, file_format='.py')
 
 
-def build_model(cfg, device='cpu'):
+def build_model(cfg: Any, device: str = 'cpu') -> torch.nn.Module:
     """Build ``cfg.model`` in the config's default scope, in train mode.
 
     Args:
@@ -85,7 +88,8 @@ def _sources(bundle):
     return sources
 
 
-def replay_bundle(path, device='cpu', fp32=False):
+def replay_bundle(path: str, device: str = 'cpu',
+                  fp32: bool = False) -> Tuple[Any, Report]:
     """Replay the failing iteration of a bundle and diagnose it.
 
     Args:

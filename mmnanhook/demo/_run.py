@@ -9,6 +9,8 @@ The console tells the story (training lines, the stop, the diagnosis, where
 the bundle is); MMEngine's config dump and hook table go to the full log in
 the work directory only.
 """
+from __future__ import annotations
+
 import contextlib
 import glob
 import io
@@ -16,6 +18,7 @@ import logging
 import os.path as osp
 import sys
 import tempfile
+from typing import Any, Dict, Optional
 
 from ..errors import NonFiniteError
 from ..records import Report
@@ -40,7 +43,7 @@ def _say(text=''):
     print(text, flush=True)
 
 
-def demo_dataset(dota, root):
+def demo_dataset(dota: bool, root: str) -> Dict[str, Any]:
     """Write the synthetic dataset of a demo, with its one planted defect.
 
     Args:
@@ -60,7 +63,7 @@ def demo_dataset(dota, root):
 class _Story(logging.Filter):
     """Lets through the training lines, mmnanhook's lines and warnings."""
 
-    def filter(self, record):
+    def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         return (record.levelno >= logging.WARNING
                 or message.startswith(('Iter(', 'Epoch('))
@@ -100,7 +103,7 @@ def _where_it_is(error, runner):
         osp.join(runner.log_dir, runner.timestamp + '.log')))
 
 
-def run_demo(dota=False, work_dir=None):
+def run_demo(dota: bool = False, work_dir: Optional[str] = None) -> int:
     """Run the demo; returns the exit code (0 when the hook caught it).
 
     Args:

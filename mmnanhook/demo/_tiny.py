@@ -5,8 +5,11 @@ as ``mmnanhook/.mim/configs`` (where ``mmnanhook::`` configs resolve, as
 ``mmdet::`` ones do in mmdet), so users can read and copy them like any
 OpenMMLab config.
 """
+from __future__ import annotations
+
 import itertools
 import os.path as osp
+from typing import Any, Dict, Union
 
 from mmengine.config import Config
 
@@ -32,7 +35,7 @@ _MAKERS = {
 }
 
 
-def config_dir():
+def config_dir() -> str:
     """Where mmnanhook's configs are: ``.mim/configs`` of the installed
     package (a copy in a wheel, a link in an editable install), else
     ``configs/`` of a source tree used without installing.
@@ -50,7 +53,7 @@ def config_dir():
         'from its wheel' % osp.join(package, '.mim', 'configs'))
 
 
-def dataset_kind(name):
+def dataset_kind(name: str) -> str:
     """The dataset format (``'coco'``, ``'voc'``, ``'dota'``) a config uses.
 
     Args:
@@ -66,7 +69,9 @@ def _lookup(name):
     return TINY_CONFIGS[name]
 
 
-def tiny_config(name, data_root, work_dir, max_iters=3, **overrides):
+def tiny_config(name: str, data_root: Union[str, Dict[str, Any]],
+                work_dir: str, max_iters: int = 3,
+                **overrides: Any) -> Config:
     """Load a tiny detector config, pointed at a dataset and a work dir.
 
     Args:
@@ -97,7 +102,7 @@ def tiny_config(name, data_root, work_dir, max_iters=3, **overrides):
     return cfg
 
 
-def make_dataset(kind, root, **kwargs):
+def make_dataset(kind: str, root: str, **kwargs: Any) -> Dict[str, Any]:
     """Write a synthetic dataset of the given format.
 
     Args:

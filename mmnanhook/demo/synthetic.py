@@ -33,9 +33,12 @@ Defect kinds (``defects`` maps an image index to one of them):
 The generators only write data; which of these a loader drops and which reach
 the loss is for the tools under test to find out.
 """
+from __future__ import annotations
+
 import json
 import os
 import os.path as osp
+from typing import Any, Dict, Optional, Sequence
 from xml.etree import ElementTree
 
 import cv2
@@ -212,8 +215,11 @@ def _result(root, classes, images, defect_list, **paths):
     return result
 
 
-def make_coco_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
-                      classes=('cat', 'dog'), masks=False):
+def make_coco_dataset(root: str, num_images: int = 8, image_size: int = 64,
+                      seed: int = 0,
+                      defects: Optional[Dict[int, str]] = None,
+                      classes: Sequence[str] = ('cat', 'dog'),
+                      masks: bool = False) -> Dict[str, Any]:
     """Write a COCO-format detection dataset.
 
     Args:
@@ -292,8 +298,11 @@ def _voc_xml(name, size, objects, classes, width):
     return ElementTree.tostring(ann)
 
 
-def make_voc_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
-                     classes=('cat', 'dog')):
+def make_voc_dataset(root: str, num_images: int = 8, image_size: int = 64,
+                     seed: int = 0,
+                     defects: Optional[Dict[int, str]] = None,
+                     classes: Sequence[str] = ('cat', 'dog')
+                     ) -> Dict[str, Any]:
     """Write a VOC-style XML detection dataset (for mmdet ``XMLDataset``).
 
     Args:
@@ -334,8 +343,11 @@ def make_voc_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
                    img_dir=VOC_IMG_DIR, ann_dir=VOC_ANN_DIR)
 
 
-def make_dota_dataset(root, num_images=8, image_size=64, seed=0, defects=None,
-                      classes=('plane', 'ship')):
+def make_dota_dataset(root: str, num_images: int = 8, image_size: int = 64,
+                      seed: int = 0,
+                      defects: Optional[Dict[int, str]] = None,
+                      classes: Sequence[str] = ('plane', 'ship')
+                      ) -> Dict[str, Any]:
     """Write a DOTA-format oriented-box dataset (for mmrotate ``DOTADataset``).
 
     Args:

@@ -12,7 +12,11 @@
   finding tensors, reading stack frames.
 * :mod:`._fixes`: the iteration replayed with each fix the findings suggest.
 * :mod:`._pipeline`: a sample through the train pipeline again, with a fix.
-* :mod:`._incident`: on a trigger in training, the diagnosis and the bundle.
+* :mod:`._in_run`: a trigger in training diagnosed where it happened, asked
+  with one :class:`DiagnosisRequest` of the run's :class:`Diagnostician`:
+  :meth:`~Diagnostician.diagnose` (the replays), then, once the trigger
+  procedure exchanged the ranks' findings, :meth:`~Diagnostician.write`
+  (the bundle); :mod:`._incident`: the two steps' work.
 * :mod:`._micro`: which micro-step of an accumulated step made a gradient
   fault.
 * :mod:`._local`: under DDP, replays on one rank alone (SyncBN made local).
@@ -24,8 +28,8 @@ from ._data import (angle_range_from_config, annotation_of, annotations,
 from ._diagnose import diagnose
 from ._divergence import (apply_divergence, divergence_evidence,
                           evidence_before)
-from ._in_run import diagnose_in_run
-from ._incident import Incident, default_dump_dir, handle_incident
+from ._in_run import Diagnostician, DiagnosisRequest
+from ._incident import default_dump_dir
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
 from ._pipeline import TrainPipeline, filter_advice, train_pipeline
@@ -37,9 +41,8 @@ __all__ = [
     'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
     'communicating_modules', 'divergence_evidence', 'declared_size',
     'evidence_before', 'filter_advice',
-    'declared_sizes', 'default_dump_dir', 'diagnose', 'diagnose_in_run',
-    'handle_incident',
-    'Incident',
+    'declared_sizes', 'default_dump_dir', 'diagnose', 'Diagnostician',
+    'DiagnosisRequest',
     'largest_param', 'local_replays', 'locate_micro_step', 'preserved_run',
     'split_batch',
     'TrainPipeline', 'train_pipeline'

@@ -1,144 +1,199 @@
-"""A trigger of a training run diagnosed where it happened, in one call.
+"""A trigger of a training run diagnosed where it happened, in two steps.
 
-The trigger procedure (:mod:`mmnanhook.run`) hands over what the run kept
-(the batches and RNG states of the update step's micro-steps, the history)
-and which ranks diagnose, and gets back :class:`Diagnosed`: the micro-step
-found, the failing one replayed with the run put back as it was after every
-replay, the bundle written (and named in the run's state ledger), the
-pictures sent to the visualizer, the heap trimmed; under DDP every rank's
-finding, exchanged once on every rank whatever the diagnosis did.
+The trigger procedure (:mod:`mmnanhook.run`) asks with one
+:class:`DiagnosisRequest` and gets one :class:`~mmnanhook.records.Diagnosis`
+back from :meth:`Diagnostician.diagnose`: the micro-step found, the failing
+one replayed with the run put back as it was after every replay, and what
+this rank tells the others. Under DDP the procedure exchanges every rank's
+finding; :meth:`Diagnostician.write` then completes the report with them,
+logs it, writes the bundle (named in the run's state ledger), sends the
+pictures to the visualizer and trims the heap.
 """
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import logging
-from typing import Callable, List, NamedTuple, Optional, Sequence, Tuple
+import time
+from typing import List, Optional, Sequence, Tuple
 
 from .._mmengine import unwrap_model
-from ..records import NonFiniteEvent, RankFinding, Report, Trigger
-from ..recovery import rank_finding
+from ..records import (Diagnosis, Divergence, NonFiniteEvent, RankFinding,
+                       Trigger)
+from ..recovery import raised_by_nonfinite, rank_finding
 from ..report import to_visualizer
-from ..sentinel import Exchange
-from ._incident import handle_incident
+from ._incident import examine, write
 from ._local import local_replays
 from ._micro import locate_micro_step
 from ._state import preserved_run
 
 
-class Diagnosed(NamedTuple):
-    """What a trigger's diagnosis in the run came to.
+@dataclasses.dataclass(frozen=True)
+class DiagnosisRequest(object):
+    """One trigger's diagnosis, as the trigger procedure asks for it.
 
     Args:
-        event (NonFiniteEvent): The trigger, its failing micro-step found.
-        report (Report, optional): This rank's diagnosis.
-        findings (tuple[RankFinding], optional): Under DDP, every rank's.
-        bundle (str, optional): The bundle this rank wrote.
-    """
-
-    event: NonFiniteEvent
-    report: Optional[Report] = None
-    findings: Optional[Tuple[RankFinding, ...]] = None
-    bundle: Optional[str] = None
-
-
-def diagnose_in_run(runner, event: NonFiniteEvent, memory,
-                    history: List[dict], options, level: int, rewind: bool,
-                    diagnosers: Sequence[int], ranks=None,
-                    collectives: Optional[Sequence] = None,
-                    communicating: Sequence = (), states=None,
-                    **incident) -> Diagnosed:
-    """Diagnose ``event`` of the run where ``diagnosers`` say, write its
-    bundle, and under DDP exchange every rank's finding.
-
-    Args:
-        runner (Runner): The runner.
         event (NonFiniteEvent): The trigger.
-        memory (StepMemory): The micro-steps kept since the last update.
         history (list[dict]): The run's history records, the trigger's last.
-        options (HookOptions): The hook's options.
         level (int): The log level of the diagnosis.
         rewind (bool): The policy goes back to a snapshot.
-        diagnosers (list[int]): The ranks that replay it.
-        ranks (Ranks, optional): Under DDP, when every rank handles it:
-            they exchange their findings, once each, whatever the diagnosis
-            did (one that fails is logged; the policy still applies).
+        diagnosers (tuple[int]): The ranks that replay it.
+        together (bool): Every rank handles it (DDP): a diagnosis that
+            fails is logged, and this rank still has a finding to give.
+        divergence (Divergence, optional): The evidence of a divergence
+            before it.
         collectives (list, optional): Under DDP, the collectives the step
             called and what each returned (``ForwardGuard.step_collectives``):
             the replays run on this rank alone, answered from them.
+    """
+
+    event: NonFiniteEvent
+    history: List[dict]
+    level: int
+    rewind: bool
+    diagnosers: Tuple[int, ...]
+    together: bool = False
+    divergence: Optional[Divergence] = None
+    collectives: Optional[Sequence] = None
+
+
+class Diagnostician(object):
+    """Diagnoses the triggers of one run where they happen.
+
+    Args:
+        runner (Runner): The runner.
+        memory (StepMemory): The micro-steps kept since the last update.
+        options (HookOptions): The hook's options.
+        states (StateLedger): Which of the run's bundles hold a state.
         communicating (list[tuple]): Under DDP, the modules that communicate
             in their forward, made local in the replays.
-        states (StateLedger): Which of the run's bundles hold a state.
-        **incident: The rest of :func:`~._incident.handle_incident`'s
-            arguments (``divergence``, ``start_weight``, ...).
+        start_weight (float, optional): The largest ``|weight|`` training
+            started from (exploding updates).
+        config_findings (list[ConfigFinding]): What the config rules found
+            in the run's config; a report names those that explain it.
+        drop_refused (str, optional): Why ``policy='drop'`` only skips in
+            this run (:func:`~mmnanhook.recovery.drop_unavailable`): the
+            diagnosis proposes no drop then.
     """
-    exchange = Exchange(ranks) if ranks is not None else None
-    found = None
-    try:
-        if event.rank in diagnosers:
-            event, found = _incident(
-                runner, event, memory, history, options, level, rewind,
-                collectives, communicating, exchange=exchange, states=states,
-                diagnosers=diagnosers, **incident)
-    except Exception:  # noqa: BLE001 - the policy applies, on every rank
-        if ranks is None:
-            raise
-        runner.logger.exception('mmnanhook: the diagnosis failed')
-    findings = None
-    if exchange is not None:
-        # Once on every rank, whatever the diagnosis did; a rank whose
-        # forward raised and said nothing stops them all.
-        raises = (event.trigger == Trigger.EXCEPTION
-                  and event.rank in event.bad_ranks)
-        findings = tuple(exchange(rank_finding(
-            event.rank, iter=event.fail_iter, raises=raises,
-            error=event.exception)))
-    report = found.report if found is not None else None
-    bundle = found.bundle if found is not None else None
-    # Under DDP every rank records what the writer wrote (it cannot know);
-    # alone, only a bundle written holds a state to name.
-    if diagnosers and options.max_dumps and (findings is not None
-                                             or bundle is not None):
-        states.record(event, event.iter if event.iter is not None else
-                      runner.iter, findings,
-                      report.kind if report is not None else None,
-                      diagnosers)
-    return Diagnosed(event, report, findings, bundle)
+
+    def __init__(self, runner, memory, options, states, communicating=(),
+                 start_weight: Optional[float] = None,
+                 config_findings=(),
+                 drop_refused: Optional[str] = None) -> None:
+        self.runner = runner
+        self.memory = memory
+        self.options = options
+        self.states = states
+        self.communicating = list(communicating)
+        self.start_weight = start_weight
+        self.config_findings = list(config_findings)
+        self.drop_refused = drop_refused
+
+    def diagnose(self, request: DiagnosisRequest) -> Diagnosis:
+        """Replay and diagnose the trigger where ``request`` says (this
+        rank one of its diagnosers); no bundle yet.
+
+        Returns:
+            Diagnosis: The event (its failing micro-step found), this
+            rank's finding and report, and what its bundle is written from.
+        """
+        event = request.event
+        try:
+            if event.rank in request.diagnosers:
+                return self._examine(request)
+        except Exception:  # noqa: BLE001 - the policy applies, every rank
+            if not request.together:
+                raise
+            self.runner.logger.exception('mmnanhook: the diagnosis failed')
+        return Diagnosis(event, _bare_finding(event))
+
+    def write(self, request: DiagnosisRequest, diagnosis: Diagnosis,
+              findings: Optional[Tuple[RankFinding, ...]] = None
+              ) -> Diagnosis:
+        """Complete the report (with every rank's ``findings`` under DDP),
+        log it, write the bundle and name it in the run's state ledger.
+
+        Returns:
+            Diagnosis: ``diagnosis`` with ``findings`` and the bundle, its
+            material let go.
+        """
+        runner, options, event = self.runner, self.options, diagnosis.event
+        bundle = None
+        if diagnosis.material is not None:
+            material = diagnosis.material
+            with preserved_run(runner, unwrap_model(runner.model)):
+                bundle, pictures = write(
+                    runner, event, diagnosis.report, material,
+                    request.history, options, request.level, findings,
+                    self.config_findings, self.states, request.diagnosers)
+            to_visualizer(getattr(runner, 'visualizer', None),
+                          diagnosis.report, pictures, event.iter,
+                          runner.logger)
+            seconds = time.time() - material.start
+            del material, pictures
+            # What the diagnosis allocated is free now: give it back.
+            _trim_heap()
+            runner.logger.log(logging.INFO, 'mmnanhook: diagnosis and bundle '
+                              'took %.2f s' % seconds)
+        report = diagnosis.report
+        # Under DDP every rank records what the writer wrote (it cannot
+        # know); alone, only a bundle written holds a state to name.
+        if request.diagnosers and options.max_dumps and (
+                findings is not None or bundle is not None):
+            self.states.record(
+                event, event.iter if event.iter is not None else runner.iter,
+                findings, report.kind if report is not None else None,
+                request.diagnosers)
+        return dataclasses.replace(diagnosis, findings=findings,
+                                   bundle=bundle, material=None)
+
+    def _examine(self, request):
+        runner, options, memory = self.runner, self.options, self.memory
+        event = request.event
+        if not options.replay and not options.max_dumps:
+            return Diagnosis(event, _bare_finding(event))
+        model = unwrap_model(runner.model)
+        replays = contextlib.nullcontext if request.collectives is None \
+            else functools.partial(local_replays, self.communicating,
+                                   request.collectives)
+        # A replay leaves no trace: what it sets outside tensors (the
+        # preprocessor's next input size, a head's last assignment, the
+        # MessageHub's runtime info) is put back as the run had it.
+        with preserved_run(runner, model):
+            with replays():
+                event = locate_micro_step(
+                    event, model, memory.steps() if options.replay else [])
+            data_batch, rng_state = memory.get(event.fail_iter)
+            if data_batch is None:
+                runner.logger.error(
+                    'mmnanhook: no batch kept for iteration %s: no replay '
+                    'and no bundle' % (event.fail_iter, ))
+                return Diagnosis(event, _bare_finding(event))
+            report, material = examine(
+                runner, event, data_batch, rng_state, request.history,
+                options, request.divergence, self.start_weight,
+                request.rewind, replays, memory.attributes(event.fail_iter),
+                self.drop_refused)
+        finding = rank_finding(
+            event.rank, report if options.replay else None, data_batch,
+            event.fail_iter, raises=_raises(event) and not raised_by_nonfinite(
+                report), error=event.exception)
+        return Diagnosis(event, finding, report, material=material)
 
 
-def _incident(runner, event, memory, history, options, level, rewind,
-              collectives, communicating, **incident):
-    """The replays and the bundle of this rank: ``(event, Incident)``."""
-    if not options.replay and not options.max_dumps:
-        return event, None
-    model = unwrap_model(runner.model)
-    replays: Callable = contextlib.nullcontext if collectives is None else \
-        functools.partial(local_replays, communicating, collectives)
-    # A replay leaves no trace: what it sets outside tensors (the
-    # preprocessor's next input size, a head's last assignment, the
-    # MessageHub's runtime info) is put back as the run had it.
-    with preserved_run(runner, model):
-        with replays():
-            event = locate_micro_step(
-                event, model, memory.steps() if options.replay else [])
-        data_batch, rng_state = memory.get(event.fail_iter)
-        if data_batch is None:
-            runner.logger.error(
-                'mmnanhook: no batch kept for iteration %s: no replay and no '
-                'bundle' % (event.fail_iter, ))
-            return event, None
-        found = handle_incident(
-            runner, event, data_batch, rng_state, history, options,
-            level=level, rewind=rewind, replays=replays,
-            start_attributes=memory.attributes(event.fail_iter), **incident)
-    to_visualizer(getattr(runner, 'visualizer', None), found.report,
-                  found.pictures, event.iter, runner.logger)
-    # What the diagnosis allocated is free now: give it back.
-    _trim_heap()
-    runner.logger.log(logging.INFO, 'mmnanhook: diagnosis and bundle took '
-                      '%.2f s' % found.seconds)
-    return event, found
+def _raises(event):
+    """Whether this rank's forward raised (an exception trigger)."""
+    return event.trigger == Trigger.EXCEPTION and event.rank in event.bad_ranks
+
+
+def _bare_finding(event):
+    """The finding of a rank that did not diagnose: whether its forward
+    raised, and with what (a rank whose forward raised and said nothing
+    stops them all)."""
+    return rank_finding(event.rank, iter=event.fail_iter,
+                        raises=_raises(event), error=event.exception)
 
 
 def _trim_heap():

@@ -1,30 +1,29 @@
-"""Tier 2 of a trigger: replay and diagnose the failing iteration, then write
-its bundle.  Runs inside the update step, before the policy acts, so the
-parameters and optimizer state are still those before the failing step."""
+"""Tier 2 of a trigger, in two steps: :func:`examine` replays and diagnoses
+the failing iteration; :func:`write` completes the report (with every rank's
+findings under DDP), logs it and writes the bundle. Both run inside the
+update step, before the policy acts, so the parameters and optimizer state
+are still those before the failing step."""
 import contextlib
-import dataclasses
 import functools
 import json
 import logging
 import os.path as osp
 import time
-
-from typing import Any, List, Optional
+from typing import Any, Callable, NamedTuple, Optional, Tuple
 
 import torch
-from mmengine.optim import AmpOptimWrapper, OptimWrapperDict
+from mmengine.optim import AmpOptimWrapper
 
 from .._log import log
-from .._mmengine import compile_options, unwrap_model
+from .._mmengine import compile_options, members, unwrap_model
 from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       REPORT_TEXT, RNG, STATE_FROM, StatePlan, bundle_name,
                       render_manifest, sample_image_name, sample_info_name,
                       to_strict_json, write_bundle)
+from ..memory import restore_rng
 from ..records import Report, Trigger
-from ..recovery import drop_unavailable, raised_by_nonfinite, rank_finding
 from ..report import (cross_rank, explain_by_config, finalize,
                       format_report, render_html, sample_pictures)
-from ..sentinel import members, restore_rng
 from ._data import angle_range_from_config, annotations, declared_sizes
 from ._composed import trace_parts
 from ._diagnose import diagnose
@@ -42,30 +41,10 @@ COMPILED_NOTE = (
     'or fusions) is not reproduced by them')
 
 
-@dataclasses.dataclass(frozen=True)
-class Incident(object):
-    """What the diagnosis of a trigger left.
-
-    Args:
-        bundle (str, optional): The bundle written (``None``: none).
-        report (Report): The diagnosis.
-        pictures (list): The samples' pictures (``SamplePicture``).
-        seconds (float): What it took.
-    """
-
-    bundle: Optional[str]
-    report: Report
-    pictures: List[Any]
-    seconds: float
-
-
 def _amp_dtype(optim_wrapper):
     # The autocast dtype of the run: AmpOptimWrapper's ``cast_dtype``, and
     # fp16 (autocast's default on CUDA) when it names none.
-    members = (optim_wrapper.values()
-               if isinstance(optim_wrapper, OptimWrapperDict) else
-               [optim_wrapper])
-    for member in members:
+    for member in members(optim_wrapper):
         if isinstance(member, AmpOptimWrapper):
             return getattr(member, 'cast_dtype', None) or torch.float16
     return None
@@ -110,52 +89,56 @@ def _sample_files(report, infos):
     return blobs, kept
 
 
-def handle_incident(runner, event, data_batch, rng_state, history_records,
-                    options, divergence=None, start_weight=None,
-                    level=logging.ERROR, rewind=False, replays=None,
-                    exchange=None, config_findings=(), states=None,
-                    diagnosers=(), start_attributes=None):
-    """Diagnose a trigger and write its bundle.
+class Material(NamedTuple):
+    """What a trigger's bundle is written from, kept from its examination
+    until the bundle is written (then let go)."""
+
+    data_batch: Any
+    rng_state: dict
+    start_attributes: Any
+    optim_state: dict
+    amp_dtype: Any
+    infos: dict
+    found: Any
+    divergence: Any
+    lowered: Optional[dict]
+    replays: Callable
+    start: float
+
+
+def examine(runner, event, data_batch, rng_state, history_records, options,
+            divergence=None, start_weight=None, rewind=False,
+            replays=contextlib.nullcontext, start_attributes=None,
+            drop_refused=None) -> Tuple[Report, Material]:
+    """Replay and diagnose a trigger (no bundle yet).
 
     Args:
         runner (Runner): The runner.
-        event (NonFiniteEvent): The trigger.
+        event (NonFiniteEvent): The trigger, its failing micro-step found.
         data_batch: The raw batch of the failing iteration.
         rng_state (dict): RNG states before the failing iteration's forward.
         history_records (list[dict]): Recent per-iteration history.
-        options (HookOptions): Where bundles go (``dump_dir``, by default
-            :func:`default_dump_dir`), how many (``max_dumps``; 0 writes
-            none), with the optimizer state or not, whether to replay, and
-            with anomaly mode or not.
+        options (HookOptions): Whether to replay, with anomaly mode or not;
+            ``rewind``'s LR factor and cooldown.
         divergence (Divergence, optional): Evidence of a divergence before
             the trigger (:func:`~mmnanhook.diagnosis.divergence_evidence`).
         start_weight (float, optional): The largest ``|weight|`` when
             training started: a weight grown far beyond it is evidence of a
             divergence too (:func:`weight_evidence`).
-        level (int): The log level of the diagnosis: a warning for a
-            trigger the policy handles, an error for one that stops
-            training.
         rewind (bool): The policy goes back to a snapshot and lowers the LR
             (``options.rewind``): the steps after it test that fix.
-        replays (callable, optional): Under DDP, a context manager
-            (:func:`~._local.local_replays`) the replays run in, on this
-            rank alone; the report says what it made local.
-        exchange (Exchange, optional): Under DDP, gathers every rank's
-            finding once the diagnosis is done: the report then names the
-            culprit rank and sample, on every rank.
-        config_findings (list[ConfigFinding]): What the config rules found
-            at ``before_train``: in the report, a hint for each that
-            explains this trigger.
-        states (StateLedger, optional): Which bundles of the run hold a
-            state; ``None``: this one does.
-        diagnosers (list[int]): The ranks that diagnose this trigger (for
-            ``states``).
+        replays (callable): A context manager the replays run in: under
+            DDP, :func:`~._local.local_replays` (on this rank alone); the
+            report says what it made local.
         start_attributes (Attributes, optional): The data preprocessor's
             attributes before the failing forward: every replay starts from
             them.
+        drop_refused (str, optional): Why ``policy='drop'`` only skips in
+            this run (:func:`~mmnanhook.recovery.drop_unavailable`).
 
     Returns:
-        Incident: The bundle, the report, the pictures, the time.
+        tuple: The :class:`~mmnanhook.records.Report` and the
+        :class:`Material` of its bundle.
     """
     start = time.time()
     model = unwrap_model(runner.model)
@@ -166,12 +149,10 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     # As a bundle gives them back: the fixes replay alike offline.
     infos = dict((i, json.loads(json.dumps(to_strict_json(info))))
                  for i, info in infos.items())
-    declared = declared_sizes(found)
     scope = None
-    replay, max_dumps = options.replay, options.max_dumps
-    if replay:
+    if options.replay:
         try:
-            with (replays or contextlib.nullcontext)() as scope:
+            with replays() as scope:
                 report = diagnose(
                     model, data_batch,
                     restore_rng=functools.partial(restore_rng, rng_state),
@@ -179,10 +160,10 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
                     angle_range=angle_range_from_config(runner.cfg),
                     optimizer_state=optim_state,
                     anomaly=options.anomaly != 'never',
-                    declared=declared, pipeline=train_pipeline(runner.cfg),
+                    declared=declared_sizes(found),
+                    pipeline=train_pipeline(runner.cfg),
                     sources=infos, retry=event.trigger != Trigger.SPIKE,
-                    drop_refused=drop_unavailable(
-                        len(members(runner.optim_wrapper))),
+                    drop_refused=drop_refused,
                     composed=functools.partial(
                         trace_parts, dataset=runner.train_dataloader.dataset),
                     compiled=compile_options(runner))
@@ -209,55 +190,86 @@ def handle_incident(runner, event, data_batch, rng_state, history_records,
     if local:
         report.local_modules = list(scope.modules)
         report.notes.append(local)
-    if exchange is not None:
-        cross_rank(report, exchange(rank_finding(
-            event.rank, report if replay else None, data_batch,
-            event.fail_iter, raises=event.trigger == Trigger.EXCEPTION
-            and event.rank in event.bad_ranks and not raised_by_nonfinite(
-                report), error=event.exception)),
-            event.rank)
+    return report, Material(data_batch, rng_state, start_attributes,
+                            optim_state, amp_dtype, infos, found, divergence,
+                            lowered, replays, start)
+
+
+def write(runner, event, report, material, history_records, options,
+          level=logging.ERROR, findings=None, config_findings=(),
+          states=None, diagnosers=()) -> Tuple[Optional[str], list]:
+    """Complete an examined trigger's report, log it, and write its bundle.
+
+    Args:
+        runner (Runner): The runner.
+        event (NonFiniteEvent): The trigger, its failing micro-step found.
+        report (Report): Its diagnosis (:func:`examine`).
+        material (Material): What its bundle is written from.
+        history_records (list[dict]): Recent per-iteration history.
+        options (HookOptions): Where bundles go (``dump_dir``, by default
+            :func:`default_dump_dir`), how many (``max_dumps``; 0 writes
+            none), with the optimizer state or not.
+        level (int): The log level of the diagnosis: a warning for a
+            trigger the policy handles, an error for one that stops
+            training.
+        findings (tuple[RankFinding], optional): Under DDP, every rank's:
+            the report then names the culprit rank and sample.
+        config_findings (list[ConfigFinding]): What the config rules found
+            at ``before_train``: in the report, a hint for each that
+            explains this trigger.
+        states (StateLedger, optional): Which bundles of the run hold a
+            state; ``None``: this one does.
+        diagnosers (list[int]): The ranks that diagnose this trigger (for
+            ``states``).
+
+    Returns:
+        tuple: The bundle written (``None``: none) and the pictures.
+    """
+    model = unwrap_model(runner.model)
+    if findings is not None:
+        cross_rank(report, findings, event.rank)
     explain_by_config(report, config_findings)
     text = format_report(report)
     log(text, level)
-    path = None
     # The pictures run the data preprocessor in training mode: as a replay
     # (on this rank alone, from the failing iteration's RNG and attributes).
-    alone = (replays or contextlib.nullcontext)()
-    with alone, preserved_rng():
-        restore_rng(rng_state)
-        if start_attributes is not None:
-            start_attributes.restore()
-        pictures = _pictures(model, data_batch, report, found)
-    if max_dumps:
-        manifest = render_manifest(
-            event, runner.epoch, amp_dtype, found,
-            divergence.to_dict() if divergence is not None else None)
-        if manifest['iter'] is None:
-            manifest['iter'] = runner.iter
-        manifest['run'] = getattr(runner, 'timestamp', None)
-        plan = StatePlan(True) if states is None else states.plan(
-            event, manifest['iter'], report.ranks, report.kind, diagnosers)
-        tensors = {DATA_BATCH: data_batch, RNG: rng_state}
-        if plan.write:
-            tensors[MODEL] = model.state_dict()
-            if options.dump_optimizer:
-                tensors[OPTIMIZER] = optim_state
-        else:
-            manifest[STATE_FROM] = plan.ref.to_dict()
-        blobs, manifest['sources'] = _sample_files(report, infos)
-        manifest['rewind'] = lowered
-        blobs.update((p.name, p.png()) for p in pictures)
-        path = write_bundle(
-            options.dump_dir or default_dump_dir(runner),
-            bundle_name(manifest['iter'], event.rank), manifest,
-            tensors, {CONFIG_FILE: _config_text(runner.cfg),
-                      REPORT_TEXT: text + '\n'},
-            to_strict_json(report.to_dict()), history_records,
-            max_dumps=max_dumps,
-            blobs=blobs, keep=states.kept() if states is not None else (),
-            render=functools.partial(_render_html, report, manifest,
-                                     pictures))
-    return Incident(path, report, pictures, time.time() - start)
+    with material.replays(), preserved_rng():
+        restore_rng(material.rng_state)
+        if material.start_attributes is not None:
+            material.start_attributes.restore()
+        pictures = _pictures(model, material.data_batch, report,
+                             material.found)
+    if not options.max_dumps:
+        return None, pictures
+    divergence = material.divergence
+    manifest = render_manifest(
+        event, runner.epoch, material.amp_dtype, material.found,
+        divergence.to_dict() if divergence is not None else None)
+    if manifest['iter'] is None:
+        manifest['iter'] = runner.iter
+    manifest['run'] = getattr(runner, 'timestamp', None)
+    plan = StatePlan(True) if states is None else states.plan(
+        event, manifest['iter'], report.ranks, report.kind, diagnosers)
+    tensors = {DATA_BATCH: material.data_batch, RNG: material.rng_state}
+    if plan.write:
+        tensors[MODEL] = model.state_dict()
+        if options.dump_optimizer:
+            tensors[OPTIMIZER] = material.optim_state
+    else:
+        manifest[STATE_FROM] = plan.ref.to_dict()
+    blobs, manifest['sources'] = _sample_files(report, material.infos)
+    manifest['rewind'] = material.lowered
+    blobs.update((p.name, p.png()) for p in pictures)
+    path = write_bundle(
+        options.dump_dir or default_dump_dir(runner),
+        bundle_name(manifest['iter'], event.rank), manifest,
+        tensors, {CONFIG_FILE: _config_text(runner.cfg),
+                  REPORT_TEXT: text + '\n'},
+        to_strict_json(report.to_dict()), history_records,
+        max_dumps=options.max_dumps,
+        blobs=blobs, keep=states.kept() if states is not None else (),
+        render=functools.partial(_render_html, report, manifest, pictures))
+    return path, pictures
 
 
 def _pictures(model, data_batch, report, found):

@@ -20,7 +20,7 @@ keeps every replay on this rank:
   run is answered on this rank, never waiting for another: with what the
   failing iteration's own call got, where the replay's call is the one the
   train step made at the same position (same collective, same shapes and
-  arguments; :meth:`~mmnanhook.sentinel.ForwardGuard.step_collectives`): a
+  arguments; :meth:`~mmnanhook.distributed.ForwardGuard.step_collectives`): a
   preprocessor's ``broadcast`` of the next input size, a loss's
   ``reduce_mean`` of its normalizer over the ranks' real values. Any other
   (a sub-batch's normalizer, a call the failing forward never reached) as
@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .._patch import set_attribute
-from ..sentinel import (COLLECTIVES, BufferSnapshot, collective_outputs,
-                        collective_signature)
+from ..distributed import COLLECTIVES, collective_outputs, collective_signature
+from ..memory import BufferSnapshot
 
 # Norm layers that never communicate (no dry check needed).
 _LOCAL = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d,
@@ -370,7 +370,7 @@ def local_replays(modules, recorded=()):
             communicate in their forward (:func:`communicating_modules`).
         recorded (list[tuple]): ``(signature, outputs)`` of the collectives
             the failing train step called, in order
-            (:meth:`~mmnanhook.sentinel.ForwardGuard.step_collectives`).
+            (:meth:`~mmnanhook.distributed.ForwardGuard.step_collectives`).
 
     Yields:
         LocalReplays: What was made local; its ``calls`` fill while the

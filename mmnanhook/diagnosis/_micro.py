@@ -10,7 +10,7 @@ import functools
 import torch
 
 from ..records import Trigger
-from ..sentinel import restore_rng
+from ..memory import restore_rng
 from ._session import ReplaySession
 from ._state import PreservedModelState, preserved_rng
 

@@ -12,7 +12,8 @@ from .._anomaly import is_anomaly_nan_error
 from .._inputs import check_inputs, floating
 from ..errors import NonFiniteInputError
 from ..records import Origin, ReplayResult
-from ..sentinel import GradNorms, describe_losses, loss_terms
+from .._losses import describe_losses, loss_terms
+from .._norms import GradNorms
 from ._backward import BackwardWatch, anomaly_mode
 from ._frames import (format_user_frames, node_traceback, parse_frames,
                       user_location)

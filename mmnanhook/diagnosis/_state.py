@@ -4,8 +4,8 @@ runtime info, the sampler and the dataset's transforms)."""
 import contextlib
 
 from .._mmengine import wrapped_datasets
-from ..sentinel import (Attributes, BufferSnapshot, capture_rng,
-                        module_attributes, restore_rng)
+from ..memory import (Attributes, BufferSnapshot, capture_rng,
+                      module_attributes, restore_rng)
 
 @contextlib.contextmanager
 def preserved_rng():

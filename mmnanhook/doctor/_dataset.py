@@ -11,11 +11,14 @@ and maps that are all ignore under ``avg_non_ignore`` (a mean over no
 pixel). The fast mode (``mmnan scan --fast``) reads each sample's data info
 and its image file's header only. The progress record is :mod:`._journal`.
 """
+from __future__ import annotations
+
 import contextlib
 import functools
 import gc
 import os
 import sys
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 
@@ -23,7 +26,7 @@ from .._child import ChildFailed, can_fork, ordered_map
 from .._format import one_line
 from ..errors import DatasetError
 from ..diagnosis import angle_range_from_config
-from ..sentinel import capture_rng, restore_rng
+from ..memory import capture_rng, restore_rng
 from ._rules import config_dicts
 from ._samples import (ImageLoading, check_annotation, check_sample,
                        show_sample)
@@ -44,15 +47,17 @@ class DatasetContext(object):
             pixels not ignored only.
     """
 
-    def __init__(self, angle_range=None, num_classes=None,
-                 ignore_index=IGNORE_INDEX, avg_non_ignore=False):
+    def __init__(self, angle_range: Optional[Tuple[float, float]] = None,
+                 num_classes: Optional[int] = None,
+                 ignore_index: int = IGNORE_INDEX,
+                 avg_non_ignore: bool = False) -> None:
         self.angle_range = angle_range
         self.num_classes = num_classes
         self.ignore_index = ignore_index
         self.avg_non_ignore = avg_non_ignore
 
     @classmethod
-    def of(cls, cfg):
+    def of(cls, cfg: Any) -> DatasetContext:
         """Read from a loaded config.
 
         Args:
@@ -70,7 +75,7 @@ class DatasetContext(object):
                    any(d.get('avg_non_ignore') for d in nodes))
 
 
-def opencv_threads_of(cfg):
+def opencv_threads_of(cfg: Any) -> int:
     """OpenCV's threads for the pipeline: the config's
     ``env_cfg.mp_cfg.opencv_num_threads``, which mmengine's Runner sets
     before its dataloader workers run it (0, its default: none of its own).
@@ -79,7 +84,8 @@ def opencv_threads_of(cfg):
     return mp_cfg.get('opencv_num_threads', 0)
 
 
-def load_config(config_path, doing='build the train dataset of'):
+def load_config(config_path: str,
+                doing: str = 'build the train dataset of') -> Any:
     """The config of a file, its default scope made current.
 
     Args:
@@ -129,7 +135,8 @@ def _frozen_heap():
 WHERE_THE_DATA_IS = 'run where the data is'
 
 
-def try_build_dataset(cfg):
+def try_build_dataset(
+        cfg: Any) -> Tuple[Any, Optional[DatasetContext], Optional[str]]:
     """(train dataset, :class:`DatasetContext`, ``None``) of a loaded
     config, or ``(None, None, error)`` when its dataset cannot be built here
     (its files missing, its codebase not installed), the error in one line
@@ -151,7 +158,8 @@ def try_build_dataset(cfg):
     return dataset, DatasetContext.of(cfg), None
 
 
-def build_dataset(cfg, config_path):
+def build_dataset(cfg: Any,
+                  config_path: str) -> Tuple[Any, DatasetContext]:
     """(train dataset, :class:`DatasetContext`) of a loaded config.
 
     Raises:
@@ -227,8 +235,11 @@ def _worker_check(indices):
     return _check_chunk(indices)
 
 
-def check_dataset(dataset, context, show=None, workers=1, start=0,
-                  fast=False, opencv_threads=0):
+def check_dataset(dataset: Any, context: DatasetContext,
+                  show: Optional[str] = None, workers: int = 1,
+                  start: int = 0, fast: bool = False,
+                  opencv_threads: int = 0
+                  ) -> Iterator[Tuple[int, List[Tuple[Any, List[str]]]]]:
     """Check every sample from ``start`` on, in index order, yielding as each
     chunk is done.
 
@@ -286,8 +297,13 @@ def check_dataset(dataset, context, show=None, workers=1, start=0,
         restore_rng(rng)
 
 
-def scan_config(config_path, progress=True, show=None, workers=1,
-                on_finding=None, fast=False, quarantine=None, resume=False):
+def scan_config(
+    config_path: str, progress: bool = True, show: Optional[str] = None,
+    workers: int = 1,
+    on_finding: Optional[Callable[[Any, List[str]], Any]] = None,
+    fast: bool = False, quarantine: Optional[str] = None,
+    resume: bool = False
+) -> Tuple[int, List[Any], Dict[int, List[str]]]:
     """Check every sample of a config's training dataset.
 
     Args:

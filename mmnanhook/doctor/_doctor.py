@@ -1,6 +1,9 @@
 """``mmnan doctor CONFIG``: the config rules, the dataset pass and the fp16
 headroom of one config, in one report; and the rules at a run's start."""
+from __future__ import annotations
+
 import logging
+from typing import Any, List, Optional
 
 from .._log import log
 from ..diagnosis import filter_advice, train_pipeline
@@ -40,7 +43,7 @@ class DoctorReport(object):
         headroom (bool): Whether the headroom was asked for.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.config = []
         self.unbuilt = None
         self.data = self.headroom = True
@@ -53,7 +56,7 @@ class DoctorReport(object):
         self.notes = []
 
     @property
-    def dataset_unchecked(self):
+    def dataset_unchecked(self) -> Optional[str]:
         """Why the dataset part was not checked, when it was asked for and
         its dataset cannot be built, else ``None``."""
         if not self.data or self.unbuilt is None:
@@ -62,7 +65,7 @@ class DoctorReport(object):
             '{}, or pass --no-data'.format(self.unbuilt, WHERE_THE_DATA_IS)
 
     @property
-    def headroom_skipped(self):
+    def headroom_skipped(self) -> Optional[str]:
         """Why the headroom part was skipped, when it was asked for and its
         batches cannot be had, else ``None``."""
         if not self.headroom or self.unbuilt is None:
@@ -73,12 +76,12 @@ class DoctorReport(object):
                 'as above' if self.data else self.unbuilt)
 
     @property
-    def found(self):
+    def found(self) -> bool:
         """Whether anything was found (``mmnan doctor`` exits 1)."""
         return bool(self.config or self.samples or self.ranges)
 
 
-def unfiltered_boxes(cfg, samples):
+def unfiltered_boxes(cfg: Any, samples: List[Any]) -> List[ConfigFinding]:
     """A finding when degenerate GT boxes reach the loss and the train
     pipeline has no ``FilterAnnotations`` (the data's and the config's
     fault together); the fix is the step the diagnosis's fixes replay,
@@ -107,7 +110,8 @@ def unfiltered_boxes(cfg, samples):
         filter_advice(pipeline))]
 
 
-def check_run_config(runner, mode):
+def check_run_config(runner: Any,
+                     mode: Optional[str]) -> List[ConfigFinding]:
     """The config rules on a run's config, at ``before_train``.
 
     Args:
@@ -189,8 +193,9 @@ def _headroom(cfg, iters, report):
             model, batches[0], over[0].name))
 
 
-def run_doctor(config_path, world_size=None, data=True, headroom_iters=2,
-               workers=1):
+def run_doctor(config_path: str, world_size: Optional[int] = None,
+               data: bool = True, headroom_iters: int = 2,
+               workers: int = 1) -> DoctorReport:
     """Check one config: rules, dataset, fp16 headroom.
 
     The rules need the config only, and run first: a dataset that cannot be

@@ -11,6 +11,10 @@ halves the scale per overflow, so there the cost is the number of halvings
 overflows. bf16 has fp32's range: only its precision differs, so its
 headroom is fp32's.
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
 import torch
 
 from .._tensors import iter_tensors
@@ -35,12 +39,13 @@ class ModuleRange(object):
 
     __slots__ = ('name', 'activation', 'gradient')
 
-    def __init__(self, name, activation=0.0, gradient=0.0):
+    def __init__(self, name: str, activation: float = 0.0,
+                 gradient: float = 0.0) -> None:
         self.name = name
         self.activation = activation
         self.gradient = gradient
 
-    def verdict(self, loss_scale=None):
+    def verdict(self, loss_scale: Optional[float] = None) -> Optional[str]:
         """``'overflow'``, ``'near'`` (within :data:`NEAR` times of the
         range) or ``None``, for fp16.
 
@@ -58,7 +63,7 @@ class ModuleRange(object):
             return 'near'
         return None
 
-    def backoff(self):
+    def backoff(self) -> int:
         """Halvings a dynamic ``GradScaler`` needs from its initial scale
         before this module's gradient fits (each one a skipped step)."""
         halvings = 0
@@ -66,7 +71,7 @@ class ModuleRange(object):
             halvings += 1
         return halvings
 
-    def line(self, loss_scale=None):
+    def line(self, loss_scale: Optional[float] = None) -> str:
         scale = loss_scale or INIT_SCALE
         return ('{}: largest activation {:.3g}, gradient {:.3g} ({:.3g} at '
                 '{} loss scale {:g}); fp16\'s largest is {:g}').format(
@@ -91,7 +96,7 @@ class RangeRecorder(object):
         model (torch.nn.Module): The model to watch.
     """
 
-    def __init__(self, model):
+    def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
         self.ranges = {}
         self._handles = []
@@ -99,10 +104,11 @@ class RangeRecorder(object):
     def _watch(self, name):
         record = self.ranges.setdefault(name, ModuleRange(name))
 
-        def on_grad(grad):
+        def on_grad(grad: torch.Tensor) -> None:
             record.gradient = max(record.gradient, _largest(grad))
 
-        def on_forward(module, inputs, output):
+        def on_forward(module: torch.nn.Module, inputs: Any,
+                       output: Any) -> None:
             for tensor in iter_tensors(output):
                 record.activation = max(record.activation, _largest(tensor))
                 if tensor.requires_grad:
@@ -124,7 +130,8 @@ class RangeRecorder(object):
         return False
 
 
-def measure(model, batches, optim_wrapper):
+def measure(model: Any, batches: Iterable[Any],
+            optim_wrapper: Any) -> List[ModuleRange]:
     """Train ``model`` on ``batches`` in fp32 and record every leaf module's
     ranges.
 
@@ -144,7 +151,7 @@ def measure(model, batches, optim_wrapper):
         r.activation, r.gradient))
 
 
-def cpu_fp16_autocast():
+def cpu_fp16_autocast() -> Optional[Callable[..., Any]]:
     """Whether this torch runs fp16 autocast on a CPU (``None`` if not)."""
     autocast = getattr(torch, 'autocast', None)
     if autocast is None:
@@ -157,7 +164,8 @@ def cpu_fp16_autocast():
     return autocast
 
 
-def confirm_overflow(model, batch, name):
+def confirm_overflow(model: Any, batch: Dict[str, Any],
+                     name: str) -> Optional[bool]:
     """Run one forward under fp16 autocast on the CPU and say whether module
     ``name`` then outputs a non-finite value.
 
@@ -175,7 +183,8 @@ def confirm_overflow(model, batch, name):
     module = dict(model.named_modules())[name]
     seen = []
 
-    def on_forward(module, inputs, output):
+    def on_forward(module: torch.nn.Module, inputs: Any,
+                   output: Any) -> None:
         seen.extend(not bool(torch.isfinite(t).all())
                     for t in iter_tensors(output) if t.is_floating_point())
 

@@ -23,11 +23,14 @@ line to recover, no merge step); the saves are spaced so that they cost at
 most a twentieth of the scan (:attr:`ScanJournal.interval`, stretched when a
 save is slow).
 """
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import os.path as osp
 import time
+from typing import Any, Dict, List, Optional, Tuple
 
 from .._mmengine import wrapped_datasets
 from ..errors import DatasetError
@@ -49,7 +52,8 @@ def _ann_files(dataset):
     return [ann for ann in files if isinstance(ann, str) and ann]
 
 
-def scan_identity(cfg, config_path, dataset, context, fast, show):
+def scan_identity(cfg: Any, config_path: str, dataset: Any, context: Any,
+                  fast: bool, show: Optional[str]) -> Dict[str, Any]:
     """What a scan is of, as its progress record states it: a record of
     another scan is not resumed.
 
@@ -66,7 +70,7 @@ def scan_identity(cfg, config_path, dataset, context, fast, show):
         the dataset's config, the checks' settings, the first and last
         image, and each annotation file's size and modification time).
     """
-    def stat(path):
+    def stat(path: str) -> Optional[List[int]]:
         try:
             st = os.stat(path)
         except OSError:
@@ -127,7 +131,8 @@ class ScanJournal(object):
         interval (float): Least seconds between two saves.
     """
 
-    def __init__(self, quarantine, identity, interval=1.0):
+    def __init__(self, quarantine: str, identity: Dict[str, Any],
+                 interval: float = 1.0) -> None:
         self.quarantine = quarantine
         self.path = quarantine + SUFFIX
         self.identity = identity
@@ -135,7 +140,7 @@ class ScanJournal(object):
         self._wait = 0.0
         self._saved = None
 
-    def resume(self):
+    def resume(self) -> Tuple[int, List[Tuple[SampleFinding, List[str]]]]:
         """Where the recorded scan stopped.
 
         Returns:
@@ -174,7 +179,8 @@ class ScanJournal(object):
                                '({}: {})'.format(self.path,
                                                  type(error).__name__, error))
 
-    def update(self, done, found, force=False):
+    def update(self, done: int, found: List[Tuple[Any, List[str]]],
+               force: bool = False) -> None:
         """Save the list and the record, unless the last save is too recent.
 
         Args:
@@ -202,7 +208,7 @@ class ScanJournal(object):
         # its own length before the next one.
         self._wait = max(self.interval, 20 * (self._saved - now))
 
-    def finish(self, found):
+    def finish(self, found: List[Tuple[Any, List[str]]]) -> None:
         """The complete list, and no record left: the scan has ended.
 
         Args:

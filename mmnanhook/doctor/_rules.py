@@ -7,9 +7,12 @@ that reported it), the fix as a config edit. The table of rules is
 ones. A rule that needs a fact the config does not give (a world size, a
 head class that does not import) stays silent rather than guess.
 """
+from __future__ import annotations
+
 import inspect
 import os.path as osp
 import re
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..records import ConfigFinding
 
@@ -42,7 +45,8 @@ def _base(type_name):
     return type_name.rsplit('.', 1)[-1]
 
 
-def config_dicts(node, path=''):
+def config_dicts(node: Any,
+                 path: str = '') -> Iterator[Tuple[str, Dict[str, Any]]]:
     """Every dict of a config with its dotted path, depth first."""
     if isinstance(node, dict):
         yield path, node
@@ -114,7 +118,8 @@ def _decodes_by_default(cls):
     return None
 
 
-def iou_loss_on_deltas(cfg, context):
+def iou_loss_on_deltas(cfg: Dict[str, Any],
+                       context: RuleContext) -> Iterator[ConfigFinding]:
     """An IoU-type ``loss_bbox`` in a head that regresses encoded deltas."""
     for path, head in config_dicts(cfg):
         loss = head.get('loss_bbox')
@@ -144,7 +149,8 @@ def _named_setup(context):
                                                                      None)
 
 
-def lr_not_scaled(cfg, context):
+def lr_not_scaled(cfg: Dict[str, Any],
+                  context: RuleContext) -> Iterator[ConfigFinding]:
     """``auto_scale_lr`` off while the real batch is smaller than the one
     the LR was tuned for (an LR too high for it); and a ``base_batch_size``
     smaller than the batch the config's own name says (``--auto-scale-lr``
@@ -189,7 +195,8 @@ def lr_not_scaled(cfg, context):
         'auto_scale_lr.enable=True (or tools/train.py --auto-scale-lr)')
 
 
-def static_loss_scale(cfg, context):
+def static_loss_scale(cfg: Dict[str, Any],
+                      context: RuleContext) -> Iterator[ConfigFinding]:
     """An AMP optim wrapper with a fixed loss scale."""
     for path, wrapper in config_dicts(cfg):
         scale = wrapper.get('loss_scale')
@@ -205,7 +212,9 @@ def static_loss_scale(cfg, context):
                 "{}.loss_scale='dynamic'".format(path))
 
 
-def unclamped_gaussian_loss(cfg, context):
+def unclamped_gaussian_loss(
+        cfg: Dict[str, Any],
+        context: RuleContext) -> Iterator[ConfigFinding]:
     """An mmrotate Gaussian-distance loss without clamping."""
     for path, node in config_dicts(cfg):
         name = _base(node.get('type', '')) if 'type' in node else None
@@ -237,13 +246,18 @@ class RuleContext(object):
         scope (str, optional): The config's ``default_scope``.
     """
 
-    def __init__(self, filename=None, world_size=None, scope=None):
+    def __init__(self, filename: Optional[str] = None,
+                 world_size: Optional[int] = None,
+                 scope: Optional[str] = None) -> None:
         self.filename = filename
         self.world_size = world_size
         self.scope = scope
 
 
-def config_findings(cfg, filename=None, world_size=None, rules=None):
+def config_findings(cfg: Any, filename: Optional[str] = None,
+                    world_size: Optional[int] = None,
+                    rules: Optional[Sequence[str]] = None
+                    ) -> List[ConfigFinding]:
     """Run the config rules over one config.
 
     Args:

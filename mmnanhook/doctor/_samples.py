@@ -6,9 +6,12 @@ pipeline, checked as the loss will see it. The fast mode
 The pass over the dataset (workers, streaming, resuming) is
 :mod:`._dataset`'s.
 """
+from __future__ import annotations
+
 import io
 import os.path as osp
 import random
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -29,7 +32,8 @@ def _data_info(dataset, index):
     return info if isinstance(info, dict) else {}
 
 
-def label_problems(labels, num_classes):
+def label_problems(labels: Optional[Union[torch.Tensor, Sequence[int]]],
+                   num_classes: Optional[int]) -> List[DataProblem]:
     """GT labels outside ``[0, num_classes)`` (a CUDA focal loss reads out
     of bounds silently: mmdet #2903).
 
@@ -50,7 +54,8 @@ def label_problems(labels, num_classes):
         'mmdet #2903)').format(bad, num_classes - 1, num_classes))]
 
 
-def segmentation_problems(sample, context):
+def segmentation_problems(sample: Any,
+                          context: Any) -> List[DataProblem]:
     """A segmentation map with values that are neither a class nor the
     ignore index, or with every pixel ignored under ``avg_non_ignore``."""
     seg = getattr(getattr(sample, 'gt_sem_seg', None), 'data', None)
@@ -79,7 +84,8 @@ def segmentation_problems(sample, context):
     return problems
 
 
-def check_sample(dataset, index, context):
+def check_sample(dataset: Any, index: int,
+                 context: Any) -> Tuple[SampleFinding, Any]:
     """(:class:`SampleFinding`, pipeline output or ``None``) of one sample
     (``index`` in the dataset)."""
     info = _data_info(dataset, index)
@@ -129,12 +135,13 @@ class ImageLoading(object):
         backend_args (dict, optional): The loader's file backend arguments.
     """
 
-    def __init__(self, orientation=True, backend_args=None):
+    def __init__(self, orientation: bool = True,
+                 backend_args: Optional[Dict[str, Any]] = None) -> None:
         self.orientation = orientation
         self.backend_args = backend_args
 
     @classmethod
-    def of(cls, dataset):
+    def of(cls, dataset: Any) -> ImageLoading:
         """Read from the first image loader of a dataset's pipeline (that of
         the first dataset it wraps); mmcv's defaults without one."""
         for node in wrapped_datasets(dataset):
@@ -149,7 +156,7 @@ class ImageLoading(object):
         return cls()
 
 
-def header_size(path, loading):
+def header_size(path: str, loading: ImageLoading) -> Tuple[int, int]:
     """``(width, height)`` of an image file as the pipeline loads it, read
     from its header alone (PIL opens files lazily: no pixel is decoded).
 
@@ -177,7 +184,8 @@ def header_size(path, loading):
     return width, height
 
 
-def check_annotation(dataset, index, context, loading):
+def check_annotation(dataset: Any, index: int, context: Any,
+                     loading: ImageLoading) -> Tuple[SampleFinding, None]:
     """(:class:`SampleFinding`, ``None``) of one sample from its data info
     and its image file's header: no decoding, no pipeline.
 
@@ -231,7 +239,8 @@ def check_annotation(dataset, index, context, loading):
     return result, None
 
 
-def show_sample(directory, dataset, finding, item):
+def show_sample(directory: str, dataset: Any, finding: SampleFinding,
+                item: Any) -> List[str]:
     """Write the pictures of one flagged sample; return their paths."""
     from ..report import finding_pictures, pipeline_image
     image = sample = None

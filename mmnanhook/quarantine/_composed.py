@@ -24,8 +24,12 @@ Worker processes forked before the guard (``IterBasedTrainLoop`` starts
 them when it is built, before any hook runs) are replaced at the first
 quarantine (:mod:`._workers`).
 """
+from __future__ import annotations
+
 import ctypes
 import multiprocessing
+from typing import (Any, Collection, Dict, Iterable, Iterator, List,
+                    Optional, Tuple)
 
 import numpy as np
 
@@ -45,7 +49,7 @@ def _steps(pipeline):
     return list(steps) if isinstance(steps, (list, tuple)) else []
 
 
-def mixers(dataset):
+def mixers(dataset: Any) -> Iterator[Tuple[Any, Any, List[Any]]]:
     """Every transform that composes samples in ``dataset``'s pipelines.
 
     Yields:
@@ -66,7 +70,7 @@ def mixers(dataset):
                 yield step, source, steps
 
 
-def parts_of(results):
+def parts_of(results: Dict[str, Any]) -> List[List[Any]]:
     """``[[index, img_path], ...]`` of the samples a loaded (or composed)
     sample's results are made of: itself and its own parts."""
     own = [[results.get('sample_idx'), results.get('img_path')]]
@@ -83,15 +87,15 @@ class _Source(object):
     """A dataset partners are drawn from, and which of its indices are
     blocked."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset: Any) -> None:
         self.dataset = dataset
         self.flags = _shared_flags(len(dataset))
 
-    def blocked(self, index):
+    def blocked(self, index: Optional[int]) -> bool:
         return index is not None and 0 <= index < len(self.flags) and bool(
             self.flags[index])
 
-    def block(self, file):
+    def block(self, file: str) -> None:
         for index in sample_index(self.dataset).indices(file):
             self.flags[index] = 1
 
@@ -107,7 +111,7 @@ class ComposedGuard(object):
         bound (bool): Whether any transform of it composes samples.
     """
 
-    def __init__(self, dataset):
+    def __init__(self, dataset: Any) -> None:
         self._on = _shared_flags(1)
         self._sources = {}
         self._undo = []
@@ -124,17 +128,17 @@ class ComposedGuard(object):
                     self._pack(packer, keys)
 
     @property
-    def bound(self):
+    def bound(self) -> bool:
         return bool(self._undo)
 
-    def block(self, file):
+    def block(self, file: str) -> None:
         """Never draw the samples that load ``file`` as parts again (in the
         workers too: the flags are shared)."""
         for source in self._sources.values():
             source.block(file)
         self._on[0] = 1
 
-    def remove(self):
+    def remove(self) -> None:
         """Unbind from the transforms (the main process's copies): each
         attribute as it was, an instance attribute of its own included."""
         while self._undo:
@@ -149,7 +153,7 @@ class ComposedGuard(object):
         # no parts.
         transform = packer.transform
 
-        def packed(results):
+        def packed(results: Dict[str, Any]) -> Any:
             results.setdefault(PARTS, [])
             return transform(results)
 
@@ -167,10 +171,10 @@ class ComposedGuard(object):
         # or a dataset's samples); whether its transform runs.
         drawn, inside = [], [False]
 
-        def blocked(entry):
+        def blocked(entry: Dict[str, Any]) -> bool:
             return any(source.blocked(i) for i, _ in parts_of(entry))
 
-        def guarded_get_indexes(pool):
+        def guarded_get_indexes(pool: Any) -> Any:
             indexes = get_indexes(pool)
             if pool is source.dataset:
                 if on[0]:
@@ -187,7 +191,7 @@ class ComposedGuard(object):
                             for p in parts_of(pool[i])]
             return indexes
 
-        def guarded_transform(results):
+        def guarded_transform(results: Dict[str, Any]) -> Any:
             cache = getattr(step, 'results_cache', None)
             if on[0] and isinstance(cache, list):
                 cache[:] = [e for e in cache if not blocked(e)]
@@ -215,7 +219,7 @@ def _as_list(indexes):
     return list(indexes) if isinstance(indexes, (list, tuple)) else [indexes]
 
 
-def part_image(source, index):
+def part_image(source: Any, index: int) -> Optional[np.ndarray]:
     """The image of ``source``'s sample ``index`` as its pipeline loads it,
     before any transform composes (failure path: no RNG drawn).
 
@@ -235,7 +239,7 @@ def part_image(source, index):
     return None if results is None else results.get('img')
 
 
-def quarantined_part(sample, files):
+def quarantined_part(sample: Any, files: Collection[str]) -> Optional[str]:
     """The first part of a composed data sample that loads one of
     ``files``, or ``None``."""
     meta = getattr(sample, 'metainfo', None) or {}
@@ -245,7 +249,7 @@ def quarantined_part(sample, files):
     return None
 
 
-def guard_composed(runner, files):
+def guard_composed(runner: Any, files: Iterable[str]) -> ComposedGuard:
     """Bind a :class:`ComposedGuard` onto ``runner``'s train dataset, the
     quarantined ``files`` blocked (worker processes that already run are
     :mod:`._workers`' concern).

@@ -15,6 +15,8 @@ Written atomically (a temporary file renamed over the old one), readable
 as the rest of the work dir (its mode from the umask). A fresh run never
 overwrites an earlier run's list: it is kept beside it (:func:`keep_previous`).
 """
+from __future__ import annotations
+
 import json
 import logging
 import os
@@ -22,6 +24,7 @@ import os.path as osp
 import tempfile
 import time
 import uuid
+from typing import Any, Dict, Iterable, List, Optional
 
 from .._log import log
 
@@ -52,8 +55,10 @@ class QuarantinedSample(object):
     __slots__ = ('indices', 'file', 'reason', 'iter', 'epoch', 'rank',
                  'source')
 
-    def __init__(self, indices, file=None, reason='', iter=None, epoch=None,
-                 rank=None, source='drop'):
+    def __init__(self, indices: Iterable[int], file: Optional[str] = None,
+                 reason: str = '', iter: Optional[int] = None,
+                 epoch: Optional[int] = None, rank: Optional[int] = None,
+                 source: str = 'drop') -> None:
         self.indices = sorted(set(int(i) for i in indices))
         self.file = file
         self.reason = reason
@@ -62,11 +67,11 @@ class QuarantinedSample(object):
         self.rank = rank
         self.source = source
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return dict((k, getattr(self, k)) for k in self.__slots__)
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Dict[str, Any]) -> QuarantinedSample:
         return cls(**dict((k, data[k]) for k in cls.__slots__ if k in data))
 
     def __repr__(self):
@@ -74,7 +79,8 @@ class QuarantinedSample(object):
             '%s=%r' % (k, getattr(self, k)) for k in self.__slots__)
 
 
-def read_quarantine(path, dataset_length=None):
+def read_quarantine(path: str, dataset_length: Optional[int] = None
+                    ) -> List[QuarantinedSample]:
     """The samples of a quarantine file.
 
     Args:
@@ -124,7 +130,8 @@ def read_quarantine(path, dataset_length=None):
     return samples
 
 
-def write_quarantine(path, samples):
+def write_quarantine(path: str,
+                     samples: Iterable[QuarantinedSample]) -> None:
     """Write ``samples`` to ``path`` atomically.
 
     Raises:
@@ -135,7 +142,7 @@ def write_quarantine(path, samples):
         samples=[s.to_dict() for s in samples]))
 
 
-def write_json_atomically(path, data):
+def write_json_atomically(path: str, data: Any) -> None:
     """Write ``data`` as JSON to ``path``: whole or not at all (a temporary
     file in the same directory, fsynced, renamed over ``path``).
 
@@ -160,7 +167,7 @@ def write_json_atomically(path, data):
         raise
 
 
-def keep_previous(path):
+def keep_previous(path: str) -> Optional[str]:
     """Move an earlier run's list at ``path`` aside, named by when that run
     wrote it (``nan_quarantine.20260102_030405.json``), and say so.
 
@@ -186,7 +193,7 @@ def keep_previous(path):
     return kept
 
 
-def check_writable(path):
+def check_writable(path: str) -> None:
     """Raise :class:`QuarantineError` unless ``path`` can be written.
 
     Creates the directory; writes nothing else.

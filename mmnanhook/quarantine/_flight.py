@@ -26,7 +26,7 @@ import os.path as osp
 import struct
 import time
 import zlib
-from typing import List, NamedTuple, Optional
+from typing import Any, Iterable, List, NamedTuple, Optional
 
 DIR_NAME = 'nan_flight'
 _MAGIC = b'MMNANFL1'
@@ -106,7 +106,8 @@ class FlightRecorder(object):
             self._stack = open(self.stack_path, 'w')
             faulthandler.enable(self._stack, all_threads=True)
 
-    def begin(self, iter: int, epoch: int, files) -> None:
+    def begin(self, iter: int, epoch: int,
+              files: Optional[Iterable[Optional[str]]]) -> None:
         """Before a train step: what it trains on.
 
         Args:
@@ -227,7 +228,8 @@ def culprits(flights: List[Flight]) -> List[Flight]:
     return fatal or list(flights)
 
 
-def start_flight(runner, quarantine=None) -> Optional[FlightRecorder]:
+def start_flight(runner: Any, quarantine: Any = None
+                 ) -> Optional[FlightRecorder]:
     """Say what the runs that died in ``runner``'s work dir had in flight,
     quarantine it when asked, and start this rank's record.
 

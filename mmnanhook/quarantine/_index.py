@@ -49,6 +49,8 @@ at once (a reviewed quarantine list) cost less so.
 Just over 500 lines, one concern: the index (the searches that answer
 before it, the walk, and the walk's child with its bounds).
 """
+from __future__ import annotations
+
 import collections
 import ctypes
 import hashlib
@@ -57,6 +59,7 @@ import mmap
 import os
 import time
 import weakref
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -164,7 +167,7 @@ def _serialized_search(dataset):
                 data, _encoded(path), start, int(ends[index])):
             return None
 
-    def search(path):
+    def search(path: str) -> List[int]:
         hits = _offsets(data, _encoded(path))
         return np.unique(np.searchsorted(ends, hits, side='right')).tolist()
 
@@ -183,7 +186,7 @@ def _listed_search(dataset):
                 own.get('img_path') != path:
             return None
 
-    def search(path):
+    def search(path: str) -> List[int]:
         return [index for index, info in enumerate(infos)
                 if info.get('img_path') == path]
 
@@ -322,7 +325,7 @@ class SampleIndex(object):
             again, in process, for one that did not end).
     """
 
-    def __init__(self, dataset):
+    def __init__(self, dataset: Any) -> None:
         self._dataset = weakref.ref(dataset)
         self.builds = 0
         self._digests = self._positions = None
@@ -334,11 +337,11 @@ class SampleIndex(object):
         self._found = collections.OrderedDict()
 
     @property
-    def dataset(self):
+    def dataset(self) -> Any:
         return self._dataset()
 
     @property
-    def searched(self):
+    def searched(self) -> bool:
         """Whether lookups can search the dataset's infos (they do until
         a walk's arrays are there, if ever)."""
         if self._searchable is None:
@@ -348,12 +351,12 @@ class SampleIndex(object):
         return self._searchable
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes of the index's arrays (0 until built)."""
         return 0 if self._digests is None else (
             self._digests.nbytes + self._positions.nbytes)
 
-    def start(self, background=True):
+    def start(self, background: bool = True) -> None:
         """Start the walk, in a forked child when ``background`` (and the
         platform forks), else now; nothing when it was started before.
         Until a child's walk is done, a dataset that can be searched
@@ -388,12 +391,13 @@ class SampleIndex(object):
         _walk(self.dataset, digests, positions)
         self._digests, self._positions = digests, positions
 
-    def indices(self, path):
+    def indices(self, path: str) -> List[int]:
         """Every index of the dataset whose sample loads ``path``,
         ascending."""
         return list(self._lookup(str(path)))
 
-    def first(self, path):
+    def first(self, path: str
+              ) -> Tuple[Optional[int], Optional[Dict[str, Any]]]:
         """``(index, data info)`` of the first sample that loads ``path``,
         or ``(None, None)``."""
         found = self._lookup(str(path))
@@ -401,7 +405,7 @@ class SampleIndex(object):
             return None, None
         return found[0], self.dataset.get_data_info(found[0])
 
-    def close(self):
+    def close(self) -> None:
         """Stop a walk still under way (the run ended before it), within
         the bound of :meth:`~mmnanhook._child.Child.stop`; a later lookup
         that needs the arrays walks in process."""
@@ -490,7 +494,7 @@ class SampleIndex(object):
         self._digests, self._positions, _ = _views(self._buffer, self._count)
 
 
-def sample_index(dataset):
+def sample_index(dataset: Any) -> SampleIndex:
     """The :class:`SampleIndex` of ``dataset``, shared by every lookup while
     the dataset lives (created on the first call, not yet built)."""
     dataset = _canonical(dataset)

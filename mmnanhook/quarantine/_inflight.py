@@ -6,11 +6,16 @@ reaches the train step once more. It is left out there, before the forward,
 by its file (``img_path`` of its metainfo): a set lookup per sample, on the
 host.
 """
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Dict, List, Sequence, Tuple
+
 from .._batch import sample_files, split_batch
 from ._composed import quarantined_part
 
 
-def without_files(data_batch, files):
+def without_files(data_batch: Any,
+                  files: Collection[str]) -> Tuple[Any, List[str]]:
     """``data_batch`` without the samples that load one of ``files``.
 
     Args:
@@ -37,14 +42,16 @@ def without_files(data_batch, files):
         i for i, p in enumerate(paths) if p not in files]), removed
 
 
-def replace_data(args, kwargs, data_batch):
+def replace_data(args: Sequence[Any], kwargs: Dict[str, Any],
+                 data_batch: Any) -> Tuple[Sequence[Any], Dict[str, Any]]:
     """``train_step``'s arguments with ``data_batch`` as its batch."""
     if args:
         return (data_batch, ) + tuple(args[1:]), kwargs
     return args, dict(kwargs, data=data_batch)
 
 
-def call_with(train_step, args, kwargs, data_batch):
+def call_with(train_step: Callable[..., Any], args: Sequence[Any],
+              kwargs: Dict[str, Any], data_batch: Any) -> Any:
     """``train_step`` called with ``args``/``kwargs``, ``data_batch`` as its
     batch."""
     args, kwargs = replace_data(args, kwargs, data_batch)

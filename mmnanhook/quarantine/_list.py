@@ -1,9 +1,12 @@
 """The quarantine of one run: what it holds, where it is written, and what
 keeps its samples out of the dataloader (its sampler, the index stream of an
 iterator already running, the batches in flight)."""
+from __future__ import annotations
+
 import functools
 import logging
 import os.path as osp
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .._log import log
 from ._file import (FILE_NAME, QuarantinedSample, QuarantineError,
@@ -38,7 +41,9 @@ class Quarantine(object):
         removed (int): Samples left out of batches in flight.
     """
 
-    def __init__(self, path, dataset, samples=(), writes=True):
+    def __init__(self, path: str, dataset: Any,
+                 samples: Iterable[QuarantinedSample] = (),
+                 writes: bool = True) -> None:
         self.path = path
         self.dataset = dataset
         self.writes = writes
@@ -65,7 +70,8 @@ class Quarantine(object):
                     self.gone.append(sample.file)
 
     @classmethod
-    def start(cls, path, dataset, reviewed=None, resume=False, writes=True):
+    def start(cls, path: str, dataset: Any, reviewed: Optional[str] = None,
+              resume: bool = False, writes: bool = True) -> Quarantine:
         """The quarantine a run starts with.
 
         Args:
@@ -102,7 +108,7 @@ class Quarantine(object):
             keep_previous(path)
         return cls(path, dataset, samples, writes)
 
-    def install(self, runner, seed=0):
+    def install(self, runner: Any, seed: int = 0) -> None:
         """Keep the quarantined samples out of ``runner``'s train dataloader
         from now on: its sampler, and the iterators already running (or say
         what cannot be: batches in flight are still cleared by
@@ -129,7 +135,7 @@ class Quarantine(object):
         if self.blocked:
             self.replace_workers()
 
-    def replace_workers(self):
+    def replace_workers(self) -> None:
         """Replace the worker processes that started before the guard (at
         the first quarantine, or when a composed sample they made names no
         parts: a partner of theirs failed); once."""
@@ -137,13 +143,16 @@ class Quarantine(object):
             self._hand_over()
             self._hand_over = None
 
-    def remove(self):
+    def remove(self) -> None:
         """Put the loader's own sampler and index streams back."""
         for remove in reversed(self._remove):
             remove()
         self._remove = ()
 
-    def admit(self, runner, args, kwargs, empty=True):
+    def admit(
+        self, runner: Any, args: Sequence[Any], kwargs: Dict[str, Any],
+        empty: bool = True
+    ) -> Tuple[Optional[Sequence[Any]], Optional[Dict[str, Any]]]:
         """``train_step``'s arguments without the quarantined samples of its
         batch (sampled before they were quarantined: in flight).
 
@@ -182,13 +191,14 @@ class Quarantine(object):
             return None, None
         return replace_data(args, kwargs, batch)
 
-    def indices_of(self, file):
+    def indices_of(self, file: str) -> List[int]:
         """Every index of the train dataset that loads ``file`` (the
         dataset wrappers, Repeat, Concat, ClassBalanced, map indices
         themselves)."""
         return sample_index(self.dataset).indices(file)
 
-    def add(self, file, reason, **where):
+    def add(self, file: str, reason: str,
+            **where: Any) -> Optional[QuarantinedSample]:
         """Quarantine the sample of ``file``.
 
         Args:
@@ -214,7 +224,8 @@ class Quarantine(object):
             self.replace_workers()
         return sample
 
-    def add_found(self, samples, **where):
+    def add_found(self, samples: Iterable[Any], **where: Any
+                  ) -> Tuple[List[QuarantinedSample], List[Any]]:
         """Quarantine the samples a report names.
 
         Args:
@@ -241,7 +252,8 @@ class Quarantine(object):
                 sample if sample is not None else culprit.sample)
         return added, unknown
 
-    def record(self, findings, event, source, logger):
+    def record(self, findings: Sequence[Any], event: Any, source: str,
+               logger: logging.Logger) -> None:
         """Quarantine the samples a handled trigger's report names, write
         the list, and log what happened.
 
@@ -278,7 +290,7 @@ class Quarantine(object):
                 'again in this run; %s' % (sample.file, ', '.join(
                     map(str, sample.indices)), where))
 
-    def save(self):
+    def save(self) -> None:
         """Write the list (atomically).
 
         Raises:
@@ -289,7 +301,7 @@ class Quarantine(object):
             write_quarantine(self.path, self.samples)
 
 
-def prepare_index(dataset):
+def prepare_index(dataset: Any) -> List[Any]:
     """Start walking the train dataset, and each dataset its Mosaic/MixUp
     partners are drawn from, for their :class:`SampleIndex`: in a forked
     child for a large one (``BACKGROUND_FROM`` samples, its infos serialized
@@ -321,7 +333,9 @@ def prepare_index(dataset):
     return started
 
 
-def start_quarantine(runner, reviewed=None, path=None, writes=True):
+def start_quarantine(runner: Any, reviewed: Optional[str] = None,
+                     path: Optional[str] = None,
+                     writes: bool = True) -> Quarantine:
     """The quarantine of ``runner``'s training, installed in its dataloader.
 
     Args:

@@ -11,7 +11,10 @@ seeded by the run's seed and rank, shared with :mod:`._stream`). Batch
 sizes, iterations per epoch and so the LR schedule stay what they would have
 been.
 """
+from __future__ import annotations
+
 import random
+from typing import Any, Callable, Set
 
 
 class Substitutes(object):
@@ -24,7 +27,8 @@ class Substitutes(object):
         seed (int): Seed of the substitutes' generator.
     """
 
-    def __init__(self, blocked, length, seed=0):
+    def __init__(self, blocked: Set[int], length: int,
+                 seed: int = 0) -> None:
         self.blocked = blocked
         self.length = length
         self._rng = random.Random(seed)
@@ -51,7 +55,7 @@ class QuarantineSampler(object):
         substitute (Substitutes): Gives each index it yields.
     """
 
-    def __init__(self, sampler, substitute):
+    def __init__(self, sampler: Any, substitute: Substitutes) -> None:
         self.sampler = sampler
         self.substitute = substitute
 
@@ -68,7 +72,8 @@ class QuarantineSampler(object):
         return getattr(self.sampler, name)
 
 
-def install_sampler(loader, substitute):
+def install_sampler(loader: Any,
+                    substitute: Substitutes) -> Callable[[], None]:
     """Wrap ``loader``'s sampler in a :class:`QuarantineSampler`.
 
     Args:
@@ -90,7 +95,7 @@ def install_sampler(loader, substitute):
     wrapped = QuarantineSampler(sampler, substitute)
     batch_sampler.sampler = wrapped
 
-    def remove():
+    def remove() -> None:
         if batch_sampler.sampler is wrapped:
             batch_sampler.sampler = sampler
 

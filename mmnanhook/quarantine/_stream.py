@@ -14,7 +14,10 @@ nothing is quarantined every batch is the object torch would have used.
 A persistent iterator's ``_reset`` (each epoch) draws a new index iterator
 from the batch sampler, whose sampler :func:`.install_sampler` wrapped.
 """
+from __future__ import annotations
+
 from numbers import Integral
+from typing import Any, Callable, Iterator, List
 
 
 class IndexStream(object):
@@ -25,7 +28,7 @@ class IndexStream(object):
         substitute (Substitutes): Gives each index.
     """
 
-    def __init__(self, source, substitute):
+    def __init__(self, source: Iterator[Any], substitute: Any) -> None:
         self.source = source
         self.substitute = substitute
 
@@ -44,7 +47,7 @@ class IndexStream(object):
                 for i in batch]
 
 
-def live_iterators(runner):
+def live_iterators(runner: Any) -> List[Any]:
     """torch dataloader iterators of ``runner``'s training already started:
     ``IterBasedTrainLoop``'s, and the one a loader with persistent workers
     keeps."""
@@ -58,7 +61,7 @@ def live_iterators(runner):
     return found
 
 
-def install_stream(runner, substitute):
+def install_stream(runner: Any, substitute: Any) -> Callable[[], None]:
     """Wrap the index stream of every live iterator of ``runner``.
 
     Returns:
@@ -70,7 +73,7 @@ def install_stream(runner, substitute):
         iterator._sampler_iter = stream
         wrapped.append((iterator, stream))
 
-    def remove():
+    def remove() -> None:
         for iterator, stream in wrapped:
             if iterator._sampler_iter is stream:
                 iterator._sampler_iter = stream.source

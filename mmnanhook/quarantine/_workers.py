@@ -12,13 +12,17 @@ continues the same index stream with them. Until then nothing changes: the
 workers' random draws (augmentations, partners) stay those of a run without
 mmnanhook.
 """
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Tuple
+
 import torch
 
 
 class _Given(object):
     """A batch sampler whose iterator is an index stream already running."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: Iterator[Any]) -> None:
         self.stream = stream
 
     def __iter__(self):
@@ -40,7 +44,7 @@ class Handover(object):
             name: :func:`~._stream.install_stream` finds it).
     """
 
-    def __init__(self, old, loader, wrapper):
+    def __init__(self, old: Any, loader: Any, wrapper: Any) -> None:
         self.old = old
         self.loader = loader
         self.wrapper = wrapper
@@ -95,7 +99,7 @@ class Handover(object):
         return fresh
 
 
-def stale_iterators(runner):
+def stale_iterators(runner: Any) -> List[Tuple[Any, Any]]:
     """``(iterator, wrapper)`` of the train dataloader iterators whose
     worker processes already run (``IterBasedTrainLoop``'s)."""
     wrapper = getattr(runner.train_loop, 'dataloader_iterator', None)
@@ -106,7 +110,7 @@ def stale_iterators(runner):
     return []
 
 
-def hand_over(runner, stale):
+def hand_over(runner: Any, stale: List[Tuple[Any, Any]]) -> None:
     """Put a :class:`Handover` in place of each stale iterator, and say so.
 
     Args:

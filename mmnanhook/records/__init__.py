@@ -9,10 +9,12 @@ Tier 1 builds a :class:`NonFiniteEvent` per trigger; tier 2 replays
 :class:`DataProblem` s), replays each fix (:class:`Fix`) and writes a
 :class:`Report`, which the bundle renders as ``report.json``; the config
 rules' :class:`ConfigFinding` s (``mmnan doctor``, the hook's
-``before_train``) travel in it too. Enum members are ``str`` subclasses, so
-they compare equal to, and serialize as, their value
+``before_train``) travel in it too. What a trigger's diagnosis came to on
+one rank is one :class:`Diagnosis` (:mod:`._diagnosis`). Enum members are
+``str`` subclasses, so they compare equal to, and serialize as, their value
 (``Trigger.LOSS == 'loss'``).
 """
+from ._diagnosis import Diagnosis
 from ._event import HISTORY_FIELDS, TRIGGERS, NonFiniteEvent, Trigger
 from ._findings import (KINDS, NONFINITE_DATA, ConfigFinding, Culprit,
                         DataProblem, Kind, ProblemCategory, RankFinding,
@@ -21,7 +23,8 @@ from ._report import (FIX_KINDS, REPORT_FORMAT_VERSION, Divergence, Fix,
                       FixKind, Origin, Report, verified_fix)
 
 __all__ = [
-    'ConfigFinding', 'Culprit', 'DataProblem', 'Divergence', 'FIX_KINDS',
+    'ConfigFinding', 'Culprit', 'DataProblem', 'Diagnosis', 'Divergence',
+    'FIX_KINDS',
     'Fix', 'FixKind', 'HISTORY_FIELDS', 'KINDS', 'Kind', 'NONFINITE_DATA',
     'NonFiniteEvent', 'Origin', 'ProblemCategory', 'RankFinding',
     'REPORT_FORMAT_VERSION', 'ReplayResult', 'Report', 'SampleFinding',

@@ -14,9 +14,7 @@ class Answer(object):
     Args:
         bundle (str, optional): The bundle written for it.
         report (Report, optional): Its diagnosis.
-        summary (str, optional): The diagnosis in one paragraph (the
-            report's, by default).
-        drop (DropPlan, optional): The step to recompute without samples
+        drop (Recomputation, optional): The step to recompute without samples
             (``'drop'``), prepared for the plan.
         findings (tuple[RankFinding], optional): Under DDP, every rank's
             finding of a trigger every rank saw.
@@ -24,17 +22,14 @@ class Answer(object):
 
     bundle: Optional[str] = None
     report: Optional[Report] = None
-    summary: Optional[str] = None
     drop: Any = None
     findings: Optional[Tuple[RankFinding, ...]] = None
 
     def text(self) -> str:
         """What the answer adds to an error message."""
         lines = []
-        summary = self.summary or (self.report.summary
-                                   if self.report is not None else None)
-        if summary:
-            lines.append(summary)
+        if self.report is not None and self.report.summary:
+            lines.append(self.report.summary)
         # Under DDP every rank stops naming what stopped them all.
         lines.extend("rank %d's forward raised %s" % (f.rank, f.error)
                      for f in self.findings or () if f.error)

@@ -79,13 +79,10 @@ class Decision(object):
         message (str): The event's message with what the answer adds (the
             diagnosis, the verified fix, the bundle, why it escalates): the
             error's text, or the note on an exception that propagates.
-        fallback (Action): What ``DROP`` comes to when the recomputation
-            raises or triggers again: ``SKIP``.
     """
 
     action: Action
     message: str
-    fallback: Action = Action.SKIP
 
     def error(self, event: NonFiniteEvent,
               answer: Answer) -> NonFiniteError:
@@ -102,13 +99,14 @@ class Plan(object):
 
     1. log the event at ``level``;
     2. ``undo``: put back what the failing forward wrote (BN statistics);
-    3. the ranks in ``diagnosers`` replay and diagnose it (with ``rewinds``
-       told to the report), and under DDP every rank exchanges its finding;
+    3. the ranks in ``diagnosers`` replay and diagnose it (told whether it
+       rewinds), and under DDP every rank exchanges its finding;
     4. ``drop``: the samples the diagnosis singles out are left out of a
        recomputation of the step (and quarantined once it is applied);
        ``quarantine``: the samples of a data diagnosis are quarantined;
     5. ``rewind_to``: go back to that snapshot and lower the LR;
-    6. :meth:`decide`: the step's fate, ``action``, along the rows below.
+    6. :meth:`decide`: the step's fate, ``action``, along the rows below,
+       carried out by :func:`~._executor.carry_out`.
 
     Args:
         event (NonFiniteEvent): The trigger.
@@ -120,8 +118,6 @@ class Plan(object):
         diagnosers (tuple[int]): The ranks that replay and diagnose it.
         diagnose (bool): Whether anything replays it here at all.
         rewind_to (int, optional): The snapshot's iteration to go back to.
-        rewinds (bool): The policy goes back on this trigger (told to the
-            report, whether or not a snapshot can be reached).
         drop (bool): Prepare a recomputation without the samples the
             diagnosis singles out (``action`` is ``DROP``).
         quarantine (bool): Quarantine the samples of a data diagnosis.
@@ -138,7 +134,6 @@ class Plan(object):
     diagnosers: Tuple[int, ...] = ()
     diagnose: bool = True
     rewind_to: Optional[int] = None
-    rewinds: bool = False
     drop: bool = False
     quarantine: bool = False
     escalate: Optional[str] = None

@@ -160,13 +160,16 @@ class Policy(object):
             # Alone, or a trigger only this rank saw.
             diagnosers = tuple(r for r in diagnosers if r == event.rank)
         rows = dict(event=event, policy=policy, level=level,
-                    diagnosers=diagnosers, rewinds=rewinds,
+                    diagnosers=diagnosers,
                     undo=not exception and policy in _LEAVE_OUT,
                     quarantine=(self.quarantine_skips and not spike
                                 and policy in ('skip', 'rewind')))
         if known.in_backward:
             return Plan(action=Action.PROPAGATE, **rows)
         escalate = self._limit(policy, known, rewinds)
+        if escalate:
+            # It stops training: an error, as a trigger under 'raise' is.
+            rows['level'] = logging.ERROR
         if policy == 'raise' or escalate:
             action = Action.RAISE
         elif policy == 'warn':

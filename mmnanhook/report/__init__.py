@@ -13,6 +13,8 @@ one-line summary, its hints and its text.
   report.
 * :mod:`._config`: the config's findings (``mmnan doctor``) in a report.
 """
+from __future__ import annotations
+
 from ..records import KINDS, REPORT_FORMAT_VERSION as FORMAT_VERSION, Report
 from ._config import explain_by_config, explains
 from ._hints import keyed_hints
@@ -26,12 +28,12 @@ from ._visualizer import to_visualizer
 from ._windows import forget_nonfinite
 
 
-def new_report():
+def new_report() -> Report:
     """A report with every field present and nothing found yet."""
     return Report()
 
 
-def finalize(report):
+def finalize(report: Report) -> Report:
     """Fill ``summary`` and ``hints`` from the findings; return the report.
 
     Args:

@@ -1,6 +1,10 @@
 """The config's findings (``mmnan doctor``'s rules, run at ``before_train``)
 in a trigger's report: all of them kept, a hint for each that explains the
 trigger."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
 from ..records import Kind
 
 
@@ -13,7 +17,7 @@ def _loss_key(where):
     return None
 
 
-def explains(finding, report):
+def explains(finding: Any, report: Any) -> bool:
     """Whether a config finding may explain the trigger of ``report``.
 
     Args:
@@ -34,7 +38,7 @@ def explains(finding, report):
     return report.kind == Kind.BACKWARD
 
 
-def explain_by_config(report, findings):
+def explain_by_config(report: Any, findings: Iterable[Any]) -> None:
     """Keep ``findings`` in ``report`` and add a hint for each that explains
     its trigger.
 

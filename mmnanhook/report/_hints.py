@@ -1,5 +1,8 @@
 """The concrete fixes a report suggests."""
+from __future__ import annotations
+
 import math
+from typing import Any, List, Optional, Tuple
 
 from .._format import format_value
 from ..records import FixKind, ProblemCategory
@@ -130,7 +133,7 @@ def _exception_hint(report):
     return None
 
 
-def keyed_hints(report):
+def keyed_hints(report: Any) -> List[Tuple[Optional[FixKind], str]]:
     """The hints of a report, each with the kind of fix that checks it.
 
     A hint whose fix was replayed and came out non-finite is left out: it

@@ -5,9 +5,12 @@ op, ``file:line`` and the source lines around it), the loss terms, the
 divergence if any, the history plot, the sample pictures, the versions and
 the traceback. Nothing is fetched: it opens from a USB stick.
 """
+from __future__ import annotations
+
 import base64
 import html
 import linecache
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .._format import format_value
 from ._summary import divergence_words, rise_words
@@ -48,7 +51,8 @@ def _image(data, alt):
         _e(alt), base64.b64encode(data).decode('ascii'))
 
 
-def source_lines(location, context=3):
+def source_lines(location: Optional[str], context: int = 3
+                 ) -> Optional[Tuple[int, List[str], int]]:
     """``(first line number, lines, hit line number)`` around a
     ``file:line``, or ``None`` when the file cannot be read."""
     if not location or ':' not in location:
@@ -180,7 +184,7 @@ def _fixes(report):
             '{}</table>'.format(''.join(rows)))
 
 
-def config_section(findings):
+def config_section(findings: Sequence[Any]) -> str:
     """The config findings (``mmnan doctor``'s rules) as a page section;
     ``''`` when there are none.
 
@@ -198,7 +202,7 @@ def config_section(findings):
                     _e(f.fix)) for f in findings))
 
 
-def page(title, body):
+def page(title: str, body: List[str]) -> str:
     """A self-contained page in ``report.html``'s style.
 
     Args:
@@ -213,7 +217,9 @@ def page(title, body):
         + ['</body></html>'])
 
 
-def render_html(report, manifest, pictures=(), history_png=None):
+def render_html(report: Any, manifest: Dict[str, Any],
+                pictures: Sequence[Any] = (),
+                history_png: Optional[bytes] = None) -> str:
     """The page.
 
     Args:

@@ -14,8 +14,11 @@ For each implicated sample, two pictures:
 
 Failure path only; everything is drawn with OpenCV (which mmcv brings).
 """
+from __future__ import annotations
+
 import copy
 import os.path as osp
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -42,25 +45,26 @@ class Picture(object):
         image (numpy.ndarray): ``H x W x 3`` uint8, BGR.
     """
 
-    def __init__(self, index, view, title, image):
+    def __init__(self, index: int, view: str, title: str,
+                 image: np.ndarray) -> None:
         self.index = index
         self.view = view
         self.title = title
         self.image = image
 
     @property
-    def name(self):
+    def name(self) -> str:
         """Its file name in a bundle."""
         return 'sample{}_{}.png'.format(self.index, self.view)
 
-    def png(self):
+    def png(self) -> bytes:
         """The PNG bytes."""
         ok, data = cv2.imencode('.png', self.image)
         if not ok:
             raise ValueError('cannot encode {}'.format(self.name))
         return data.tobytes()
 
-    def rgb(self):
+    def rgb(self) -> np.ndarray:
         """``H x W x 3`` uint8 RGB, as visualizer backends take it."""
         return self.image[:, :, ::-1].copy()
 
@@ -105,7 +109,9 @@ def _bad_boxes(problems):
     return bad
 
 
-def draw_boxes(image, boxes, problems=(), scale=1.0, offset=(0, 0)):
+def draw_boxes(image: np.ndarray, boxes: Any, problems: Iterable[Any] = (),
+               scale: float = 1.0,
+               offset: Tuple[int, int] = (0, 0)) -> List[int]:
     """Draw ``boxes`` on ``image`` (in place); offending ones red, labelled.
 
     Args:
@@ -213,7 +219,10 @@ def _file_picture(index, path, annotation):
     return Picture(index, 'file', title, canvas)
 
 
-def finding_pictures(finding, image=None, sample=None, annotation=None):
+def finding_pictures(finding: Any, image: Optional[np.ndarray] = None,
+                     sample: Any = None,
+                     annotation: Optional[Dict[str, Any]] = None
+                     ) -> List[Picture]:
     """The pictures of one implicated sample.
 
     Args:
@@ -240,7 +249,7 @@ def finding_pictures(finding, image=None, sample=None, annotation=None):
     return pictures
 
 
-def pipeline_image(inputs):
+def pipeline_image(inputs: torch.Tensor) -> np.ndarray:
     """A pipeline's packed ``C x H x W`` image tensor as ``H x W x 3``
     uint8 (the channel order the loader gave)."""
     image = inputs.detach().cpu().clamp(0, 255).to(torch.uint8)
@@ -250,7 +259,10 @@ def pipeline_image(inputs):
     return image
 
 
-def sample_pictures(model, data_batch, samples, annotations=None):
+def sample_pictures(model: Any, data_batch: Dict[str, Any],
+                    samples: Sequence[Any],
+                    annotations: Optional[Sequence[Any]] = None
+                    ) -> List[Picture]:
     """Pictures of the implicated samples of a batch.
 
     Args:
@@ -289,7 +301,8 @@ def _wrap(text, width):
     return lines
 
 
-def report_card(report, iter=None, width=100):
+def report_card(report: Any, iter: Optional[int] = None,
+                width: int = 100) -> Picture:
     """The summary and hints of a report as a picture, for visualizer
     backends that take images but no text (TensorBoard, W&B...).
 

@@ -6,6 +6,9 @@ DDP averages. Each rank replays its own batch alone, the ranks exchange what
 they found (:class:`~mmnanhook.records.RankFinding`), and every report names
 the rank and sample that caused the failure.
 """
+from __future__ import annotations
+
+from typing import Any, Sequence
 
 
 def _named(culprits):
@@ -15,7 +18,7 @@ def _named(culprits):
         for f in culprits for s in f.samples)
 
 
-def cross_rank(report, findings, rank):
+def cross_rank(report: Any, findings: Sequence[Any], rank: int) -> None:
     """Say in ``report`` (this rank's, finalized) which rank's samples made
     the failure.
 

@@ -1,5 +1,8 @@
 """The one-line summary of a report."""
+from __future__ import annotations
+
 import math
+from typing import Any, Optional, Tuple
 
 from .._format import format_names, format_value
 from ..records import ProblemCategory
@@ -81,7 +84,7 @@ def _first_problem_text(samples):
     return None
 
 
-def summarize(report):
+def summarize(report: Any) -> str:
     """The one-line summary of a report's findings.
 
     Args:
@@ -170,7 +173,7 @@ _SERIES = {'loss': 'loss', 'grad_norm': 'gradient norm',
            'weights': 'largest weight'}
 
 
-def divergence_words(divergence):
+def divergence_words(divergence: Any) -> Tuple[str, str]:
     """``(series name, what the factor is over)`` of a
     :class:`~mmnanhook.records.Divergence`, e.g. ``('gradient norm', 'its
     median 1.3')``."""
@@ -182,7 +185,7 @@ def divergence_words(divergence):
     return _SERIES.get(series, series), 'its median {}'.format(median)
 
 
-def rise_words(divergence):
+def rise_words(divergence: Any) -> Optional[str]:
     """The rise itself, e.g. ``'loss 1.81 -> 5.6 -> 7.8e+06 -> nan at
     iterations 0-3, lr 20'``, or ``None`` when the record has none."""
     rise = divergence.rise or {}

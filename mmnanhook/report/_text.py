@@ -1,4 +1,8 @@
 """A report as text (``report.txt`` and the log)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Set, Union
+
 from .._format import format_value
 from ..records import Report
 from ._summary import _names, divergence_words, rise_words
@@ -8,7 +12,7 @@ _STATUS = {'verified': 'finite with it', 'refuted': 'refuted',
            'untested': 'not verified'}
 
 
-def fix_line(fix):
+def fix_line(fix: Any) -> str:
     """One line saying a fix and what replaying with it gave.
 
     Args:
@@ -23,7 +27,7 @@ def fix_line(fix):
                              ' ({})'.format('; '.join(parts)) if parts else '')
 
 
-def verified_hints(report):
+def verified_hints(report: Report) -> Set[int]:
     """Indices of the hints a replayed fix verified."""
     return set(f.hint for f in report.fixes
                if f.status == 'verified' and f.hint is not None)
@@ -36,7 +40,7 @@ def _sample_line(sample):
         'no data problem found')
 
 
-def format_report(report):
+def format_report(report: Union[Report, Dict[str, Any]]) -> str:
     """The human-readable text of a report (``report.txt`` and the log).
 
     Args:

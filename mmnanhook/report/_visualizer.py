@@ -1,10 +1,16 @@
 """The pictures of a diagnosis and its report card, to the MMEngine
 visualizer: they land in every backend the config set up (TensorBoard, W&B,
 local files)."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable
+
 from ._pictures import report_card
 
 
-def to_visualizer(visualizer, report, pictures, step, logger):
+def to_visualizer(visualizer: Any, report: Any, pictures: Iterable[Any],
+                  step: int, logger: logging.Logger) -> None:
     """Send a diagnosis' pictures and report card to ``visualizer``.
 
     Args:

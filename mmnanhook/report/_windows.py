@@ -5,10 +5,14 @@ comes iterations later; its earlier micro-steps' values are already logged
 by then. RuntimeInfoHook has turned them into host floats when the hook's
 ``after_train_iter`` runs (before LoggerHook), so reading them costs no sync.
 """
+from __future__ import annotations
+
 import math
+from typing import Any, Dict, Optional
 
 
-def forget_nonfinite(message_hub, outputs):
+def forget_nonfinite(message_hub: Any,
+                     outputs: Optional[Dict[str, Any]]) -> bool:
     """Take this iteration's values back out of the ``train/`` windows when
     its loss is not finite.
 

@@ -17,17 +17,20 @@ from .._batch import sample_files
 from .._mmengine import is_ddp, unwrap_model
 from .._patch import set_attribute
 from ..bundle import StateLedger
-from ..diagnosis import communicating_modules, largest_param
+from ..diagnosis import (Diagnostician, communicating_modules,
+                         largest_param)
 from ..errors import CheckBypassedError, NonFiniteError, RankTimeoutError
 from ..options import anomaly_wanted
 from ..quarantine import (call_with, prepare_index, start_flight,
                           start_quarantine)
-from ..recovery import Policy
+from ..recovery import Policy, drop_unavailable
 from ..report import forget_nonfinite
-from ..sentinel import (BufferSnapshot, BypassGuard, Dropper, ForwardStart,
-                        InputCheck, Listener, Rewinder, StepMemory, StepState,
-                        install_nan_detect, loss_terms, param_norms,
-                        start_distributed, step_record)
+from .._losses import loss_terms
+from ..distributed import start_distributed
+from ..memory import (BufferSnapshot, ForwardStart, StepMemory, StepState,
+                      step_record)
+from ..sentinel import (BypassGuard, Dropper, InputCheck, Listener, Rewinder,
+                        install_nan_detect, param_norms)
 from ._trigger import TriggerProcedure
 
 
@@ -115,11 +118,13 @@ class HookRun(Listener):
             else None)
         # The spike detector of the (first) sentinel: the run's spikes.
         self.spike_detector = self.sentinel.check.spikes
-        self.procedure = TriggerProcedure(
-            self, StateLedger(getattr(runner, 'timestamp', None),
-                              every=options.dump_state == 'every'),
-            communicating, config_findings,
-            (largest_param(module) or {}).get('max_abs'))
+        self.procedure = TriggerProcedure(self, Diagnostician(
+            runner, self.memory, options,
+            StateLedger(getattr(runner, 'timestamp', None),
+                        every=options.dump_state == 'every'),
+            communicating, (largest_param(module) or {}).get('max_abs'),
+            config_findings, drop_unavailable(len(self.handle.wrappers))),
+            communicating)
         # The sentinels hand a trigger straight to the procedure.
         self.on_trigger = self.procedure.update_step
         self.on_backward_raised = self.procedure.backward_raised

@@ -9,11 +9,14 @@ the log line; the buffers put back (:mod:`~mmnanhook.sentinel`); the replay
 and the bundle (:mod:`~mmnanhook.diagnosis`, :mod:`~mmnanhook.bundle`); under
 DDP the exchange of every rank's finding; the drop prepared or the samples
 quarantined (:mod:`~mmnanhook.quarantine`); the rewind; then the plan's
-decision, carried out on the step by the sentinel, and the quarantine of what
-a drop left out once it is applied. It returns what became of the step.
+decision, carried out by :func:`~mmnanhook.recovery.carry_out` on the update
+step (:class:`~mmnanhook.sentinel.UpdateStep`) or on the train step whose
+forward raised (:class:`_ForwardStep`), and the quarantine of what a drop
+left out once it is applied.
 """
 from __future__ import annotations
 
+import functools
 import traceback
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
@@ -21,12 +24,13 @@ import torch
 
 from .. import compat
 from .._mmengine import is_ddp, unwrap_model
-from ..diagnosis import diagnose_in_run, evidence_before
+from ..diagnosis import Diagnostician, DiagnosisRequest, evidence_before
 from ..errors import PeerForwardFailed
 from ..records import NonFiniteEvent, Trigger
-from ..recovery import (Action, Answer, Circumstances, Plan, drop_decision,
-                        rank_finding)
-from ..sentinel import Exchange, forward_event, is_out_of_memory
+from ..recovery import (Answer, Circumstances, Plan, Step, carry_out,
+                        drop_decision, rank_finding)
+from ..sentinel import (Recomputation, UpdateStep, forward_event,
+                        is_out_of_memory)
 
 
 class _History(NamedTuple):
@@ -43,56 +47,50 @@ class TriggerProcedure(object):
     Args:
         run (HookRun): The run: its parts (ranks, snapshots, the dropper,
             the quarantine) and what it kept of the current step.
-        states (StateLedger): Which of the run's bundles hold a model state.
+        diagnostician (Diagnostician): Diagnoses the run's triggers.
         communicating (list[tuple]): The model's modules that communicate in
             their forward (DDP).
-        config_findings (list[ConfigFinding]): What the config rules found
-            in the run's config; a report names those that explain it.
-        start_weight (float, optional): The largest ``|weight|`` training
-            started from (exploding updates).
     """
 
-    def __init__(self, run, states, communicating=(), config_findings=(),
-                 start_weight=None):
+    def __init__(self, run, diagnostician: Diagnostician,
+                 communicating=()) -> None:
         self.run = run
-        self.states = states
+        self.diagnostician = diagnostician
         self.communicating = list(communicating)
-        self.config_findings = list(config_findings)
-        self.start_weight = start_weight
 
     # -- the entry points --------------------------------------------------
 
-    def update_step(self, event: NonFiniteEvent, sentinel,
-                    wrapper) -> Action:
-        """A trigger of the update step (a spike that triggers included).
+    def update_step(self, event: NonFiniteEvent, step: UpdateStep) -> None:
+        """A trigger of the update step (a spike that triggers included),
+        carried out on ``step``.
 
         Args:
             event (NonFiniteEvent): The trigger.
-            sentinel (WrapperSentinel): The sentinel of ``wrapper``: it
-                carries out the step's part of the decision.
-            wrapper (OptimWrapper): The optim wrapper whose step it is.
-
-        Returns:
-            Action: What became of the step: ``APPLY`` (apply it as it is),
-            ``SKIP`` or ``DROP`` (recomputed and applied); ``RAISE`` raises.
+            step (UpdateStep): The update step of the optim wrapper.
         """
         plan, found = self._plan(
-            event, consecutive_skips=sentinel.check.consecutive_skips)
-        event, answer = self._carry_out(plan, found)
-        done = sentinel.carry_out(wrapper, event, plan.decide(answer),
-                                  answer)
-        if done is Action.DROP:
-            # What the train step returns: the recomputed step's values.
-            self.run.step.dropped = answer.drop
-            self.run.quarantine.record(answer.drop.found, event, 'drop',
-                                       self.run.logger)
-        return done
+            event,
+            consecutive_skips=step.sentinel.check.consecutive_skips)
+        event, answer = self._prepare(plan, found)
+        carry_out(plan.decide(answer), event, answer, step,
+                  dropped=functools.partial(self._dropped, event))
+
+    def _dropped(self, event: NonFiniteEvent, drop: Recomputation) -> None:
+        """An update step recomputed without samples is applied."""
+        # What the train step returns: the recomputed step's values.
+        self.run.step.dropped = drop
+        self._quarantine_drop(event, drop)
+
+    def _quarantine_drop(self, event: NonFiniteEvent,
+                         drop: Recomputation) -> None:
+        run = self.run
+        run.quarantine.record(drop.found, event, 'drop', run.logger)
 
     def backward_raised(self, event: NonFiniteEvent) -> str:
         """An exception raised in backward (it propagates whatever the
         policy): what the diagnosis adds to it."""
         plan, found = self._plan(event, in_backward=True)
-        return self._carry_out(plan, found)[1].text()
+        return self._prepare(plan, found)[1].text()
 
     def forward_raised(self, exc: Exception,
                        train_step: Callable) -> Optional[dict]:
@@ -127,35 +125,15 @@ class TriggerProcedure(object):
         if not plan.diagnose:
             if ranks is not None:
                 # Every rank stops: this one re-raises, the others learn why.
-                Exchange(ranks)(rank_finding(
+                ranks.exchange(rank_finding(
                     ranks.rank, iter=event.iter, raises=True,
                     error='%s: %s' % (type(exc).__name__, exc)))
             return None
-        event, answer = self._carry_out(plan, found)
-        decision = plan.decide(answer)
-        if decision.action is Action.PROPAGATE:
-            if decision.message:
-                compat.add_exception_note(exc, decision.message)
-            return None
-        # The frames' locals hold the failed forward's activations.
-        traceback.clear_frames(exc.__traceback__)
-        if decision.action is Action.RAISE:
-            raise decision.error(event, answer)
-        if decision.action is Action.DROP:
-            micro = run.micro_buffers or run.buffers
-            taken = run.dropper.again(answer.drop, run.memory.steps(),
-                                      train_step, sentinel,
-                                      getattr(micro, 'restore', None))
-            if taken is not None:
-                outputs, applied = taken
-                if applied:
-                    run.quarantine.record(answer.drop.found, event, 'drop',
-                                          run.logger)
-                return outputs
-            # Taken again, it raised on a rank: every rank skips it.
-        sentinel.skip(run.handle.wrappers,
-                      undo=getattr(run.buffers, 'restore', None))
-        return {}
+        event, answer = self._prepare(plan, found)
+        step = _ForwardStep(run, exc, train_step)
+        carry_out(plan.decide(answer), event, answer, step,
+                  dropped=functools.partial(self._quarantine_drop, event))
+        return step.outputs
 
     # -- the plan ------------------------------------------------------------
 
@@ -193,11 +171,12 @@ class TriggerProcedure(object):
                     rewind_to=snapshot.iter if snapshot is not None else None,
                     consecutive_rewinds=run.rewinder.consecutive)
 
-    # -- carrying it out -----------------------------------------------------
+    # -- what comes before the step's fate ------------------------------------
 
-    def _carry_out(self, plan: Plan,
-                   history: _History) -> Tuple[NonFiniteEvent, Answer]:
-        """Every part of ``plan`` but the step's fate, in its order.
+    def _prepare(self, plan: Plan,
+                 history: _History) -> Tuple[NonFiniteEvent, Answer]:
+        """Every part of ``plan`` but the step's fate, in its order: what
+        :func:`~mmnanhook.recovery.carry_out` then decides the fate with.
 
         Returns:
             tuple: The event (its failing micro-step found) and the
@@ -215,15 +194,19 @@ class TriggerProcedure(object):
         if plan.undo:
             run.buffers.restore()
         guard = run.forward_guard
-        found = diagnose_in_run(
-            run.runner, event, run.memory, history.records, run.options,
-            plan.level, plan.rewind_to is not None, plan.diagnosers,
-            ranks=run.ranks if event.shared else None,
-            collectives=guard.step_collectives() if guard else None,
-            communicating=self.communicating, states=self.states,
-            divergence=history.evidence, start_weight=self.start_weight,
-            config_findings=self.config_findings)
-        event, report, findings = found.event, found.report, found.findings
+        ranks = run.ranks if event.shared else None
+        request = DiagnosisRequest(
+            event, history.records, plan.level, plan.rewind_to is not None,
+            plan.diagnosers, together=ranks is not None,
+            divergence=history.evidence,
+            collectives=guard.step_collectives() if guard else None)
+        diagnosis = self.diagnostician.diagnose(request)
+        # Once on every rank, whatever the diagnosis did: the others wait
+        # in it.
+        findings = tuple(ranks.exchange(diagnosis.finding)) \
+            if ranks is not None else None
+        diagnosis = self.diagnostician.write(request, diagnosis, findings)
+        event, report = diagnosis.event, diagnosis.report
         prepare, quarantine = plan.after_diagnosis(event, report, findings)
         drop = self._drop(event, report, findings) if prepare else None
         if quarantine:
@@ -232,8 +215,8 @@ class TriggerProcedure(object):
             run.rewound_at = run.rewinder.go_back(
                 plan.rewind_to, unwrap_model(run.runner.model),
                 run.handle.wrappers, run.handle.sentinels)
-        return event, Answer(bundle=found.bundle, report=report, drop=drop,
-                             findings=findings)
+        return event, Answer(bundle=diagnosis.bundle, report=report,
+                             drop=drop, findings=findings)
 
     def _drop(self, event, report, findings):
         """The step to recompute without the samples the diagnosis singles
@@ -242,16 +225,16 @@ class TriggerProcedure(object):
         run = self.run
         memory, undo = run.memory, run.buffers.restore
         if findings is None:
-            return run.dropper.plan(event, report, memory, undo)
+            return run.dropper.prepare(event, report, memory, undo)
         decision = drop_decision(
             findings, event.world_size,
             run.forward_guard.communicates(self.communicating),
             is_ddp(run.runner.model))
         if decision.reason is not None:
             # The same on every rank: it says why.
-            return run.dropper.plan(event, None, memory, undo, decision)
+            return run.dropper.prepare(event, None, memory, undo, decision)
         try:
-            mine = run.dropper.plan(event, None, memory, undo, decision)
+            mine = run.dropper.prepare(event, None, memory, undo, decision)
         except Exception:  # noqa: BLE001 - every rank must learn it
             run.logger.exception("mmnanhook: policy 'drop': this rank's "
                                  'part could not be prepared')
@@ -262,6 +245,61 @@ class TriggerProcedure(object):
                                'skips it')
             return None
         return mine
+
+
+class _ForwardStep(Step):
+    """A train step whose forward raised, as a trigger's decision acts on
+    it.
+
+    Args:
+        run (HookRun): The run.
+        exc (Exception): What the forward raised.
+        train_step (callable): ``batch -> outputs``: the model's own
+            ``train_step`` with the loop's other arguments.
+
+    Attributes:
+        outputs (dict | None): What the train step returns once the
+            decision is carried out (``None``: re-raise ``exc``).
+    """
+
+    def __init__(self, run, exc: Exception, train_step: Callable) -> None:
+        self.run = run
+        self.exc = exc
+        self.train_step = train_step
+        self.outputs = None
+
+    def propagate(self, note: str) -> None:
+        if note:
+            compat.add_exception_note(self.exc, note)
+
+    def stop(self) -> None:
+        self._let_go()
+
+    def leave_out(self, undo: Optional[Callable[[], None]]) -> None:
+        # Nothing of a raising forward reached backward: what it wrote is
+        # put back whatever the drop's undo.
+        self._let_go()
+        run = self.run
+        run.sentinel.skip(run.handle.wrappers,
+                          undo=getattr(run.buffers, 'restore', None))
+        self.outputs = {}
+
+    def recompute(self, drop: Recomputation) -> Optional[bool]:
+        self._let_go()
+        run = self.run
+        micro = run.micro_buffers or run.buffers
+        taken = run.dropper.again(drop, run.memory.steps(), self.train_step,
+                                  run.sentinel,
+                                  getattr(micro, 'restore', None))
+        if taken is None:
+            # Taken again, it raised on a rank: every rank skips it.
+            return None
+        self.outputs, applied = taken
+        return applied
+
+    def _let_go(self):
+        # The frames' locals hold the failed forward's activations.
+        traceback.clear_frames(self.exc.__traceback__)
 
 
 def _weights_broken(model):

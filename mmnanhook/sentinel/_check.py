@@ -13,15 +13,15 @@ iteration. Loss, gradient norm, loss scale and flags reach the host in one
 sync.
 """
 import math
-from collections import OrderedDict
 
 import torch
 from mmengine.dist import all_reduce, get_dist_info
 
 from .._format import MAX_NAMES, format_names, format_value
+from .._losses import describe_losses
 from ..records import NonFiniteEvent, Trigger
 from ..recovery import Policy
-from ._norms import GradNorms
+from .._norms import GradNorms
 from ._spikes import SpikeDetector
 
 _HEADS = {
@@ -29,41 +29,6 @@ _HEADS = {
     Trigger.GRAD: 'Non-finite gradient',
     Trigger.AMP_SCALE: 'AMP loss scale collapsed',
 }
-
-
-def loss_terms(log_vars):
-    """The entries of a parsed loss dict that ``parse_losses`` sums.
-
-    Args:
-        log_vars (Mapping[str, torch.Tensor]): ``parse_losses``' second
-            output (including the total under ``'loss'``).
-
-    Returns:
-        OrderedDict: name -> detached tensor, for the keys containing
-        ``'loss'`` (the sum's terms and the total); other entries, such as an
-        accuracy, are not losses.
-    """
-    return OrderedDict((k, v.detach()) for k, v in log_vars.items()
-                       if 'loss' in k and torch.is_tensor(v))
-
-
-def describe_losses(terms):
-    """Turn loss terms into floats and name the non-finite ones.
-
-    Failure path only: every term costs a host sync.
-
-    Args:
-        terms (Mapping[str, torch.Tensor]): From :func:`loss_terms`.
-
-    Returns:
-        tuple[dict, list[str]]: name -> float, and the non-finite names. The
-        total ``'loss'`` is named only when no term explains it.
-    """
-    values = OrderedDict((k, float(v.float().mean())) for k, v in terms.items())
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if len(bad) > 1 and 'loss' in bad:
-        bad.remove('loss')
-    return values, bad
 
 
 class MicroStep(object):
@@ -169,7 +134,8 @@ class StepCheck(object):
         Args:
             iter (int, optional): Training iteration of the backward.
             loss (torch.Tensor): The loss (detached here).
-            terms (dict, optional): Its loss terms (:func:`loss_terms`).
+            terms (dict, optional): Its loss terms
+                (:func:`~mmnanhook._losses.loss_terms`).
         """
         self.records += 1
         self.micro.append(MicroStep(iter, loss.detach(), terms))

@@ -18,16 +18,16 @@ import logging
 import torch
 
 from .._batch import batch_size, split_batch
+from .._losses import loss_terms
 from .._mmengine import unwrap_model
 from .._patch import patched
 from ..errors import PeerForwardFailed
+from ..memory import restore_rng
 from ..records import Culprit
 from ..recovery import drop_unavailable, samples_to_drop
-from ._check import loss_terms
-from ._rng import restore_rng
 
 
-class DropPlan(object):
+class Recomputation(object):
     """A step to recompute without some of its samples.
 
     Args:
@@ -84,12 +84,9 @@ class DropPlan(object):
                                    sentinel.samples_dropped)
 
 
-class _Unusable(Exception):
-    """The recomputed update step triggered the check too."""
-
-
-def recompute(sentinel, wrapper, plan):
-    """Recompute the update step without ``plan.indices``; check it.
+def recompute(sentinel, wrapper, drop):
+    """Recompute the update step without ``drop.indices``; measure it and,
+    when it passes, admit it to be applied.
 
     Same weights, optimizer state, LR and loss scale (nothing was applied);
     every micro-step since the last update step again, from the RNG state
@@ -100,22 +97,21 @@ def recompute(sentinel, wrapper, plan):
     Args:
         sentinel (WrapperSentinel): The wrapper's sentinel.
         wrapper (OptimWrapper): The wrapper stepped.
-        plan (DropPlan): The drop.
+        drop (Recomputation): The drop.
 
     Returns:
-        str | None: ``None`` when the recomputed step is checked and to be
-        applied; else why not (it raised, or triggered the check too): the
-        caller falls back as the plan says, with ``plan.undo``.
+        str | None: ``None`` when the recomputed step passed its check and
+        is to be applied; else why not (it raised, or triggered the check
+        too): the caller falls back, with ``drop.undo``.
     """
     wrapper.zero_grad()
     sentinel.check.forget()
     # backward() counts each micro-step again: the accumulation factor
     # (scale_loss) and should_update() must see the original counts.
     count = wrapper._inner_count
-    sentinel.dropping = plan
     try:
-        for k, forward in enumerate(plan.forwards):
-            wrapper._inner_count = count - len(plan.forwards) + k
+        for k, forward in enumerate(drop.forwards):
+            wrapper._inner_count = count - len(drop.forwards) + k
             try:
                 loss, terms = forward()
             except Exception:
@@ -125,35 +121,27 @@ def recompute(sentinel, wrapper, plan):
                 raise
             sentinel.pending = (loss, terms)
             wrapper.backward(wrapper.scale_loss(loss))
-    except Exception as error:  # noqa: BLE001 - the plan falls back
+    except Exception as error:  # noqa: BLE001 - the caller falls back
         sentinel.pending = None
         sentinel.check.forget()
-        wrapper._inner_count = count
-        sentinel.dropping = None
         return 'recomputing the update step without sample(s) %s raised ' \
-            '%s: %s' % (plan.indices, type(error).__name__, error)
-    wrapper._inner_count = count
-    try:
-        sentinel.check_step(wrapper)
-    except _Unusable as unusable:
-        return 'the update step recomputed without sample(s) %s is not ' \
-            'usable either (%s)' % (plan.indices, unusable)
+            '%s: %s' % (drop.indices, type(error).__name__, error)
     finally:
-        sentinel.dropping = None
-    sentinel.check.passed()
-    plan.applied(sentinel)
+        wrapper._inner_count = count
+    measured = sentinel.measure(wrapper, again=True)
+    event = measured.outcome.event
+    if event is not None:
+        return 'the update step recomputed without sample(s) %s is not ' \
+            'usable either (%s)' % (drop.indices,
+                                    event.message.split('\n')[0])
+    sentinel.admit(wrapper, measured)
+    drop.applied(sentinel)
     return None
-
-
-def unusable(event):
-    """What the check of a recomputed update step raises when it triggers
-    (:func:`recompute` catches it)."""
-    return _Unusable(event.message.split('\n')[0])
 
 
 def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
                   factor=1.0):
-    """A :class:`DropPlan` forward for an MMEngine model: what
+    """A :class:`Recomputation` forward for an MMEngine model: what
     ``BaseModel.train_step`` does before ``update_params``.
 
     Args:
@@ -183,7 +171,7 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
 
 
 def zero_forward(model, wrapper):
-    """A :class:`DropPlan` forward for a DDP rank whose whole batch is
+    """A :class:`Recomputation` forward for a DDP rank whose whole batch is
     left out: a zero loss that touches every trained parameter, through
     DDP's own forward, so this rank takes part in its buffer broadcast and
     gradient all-reduce with zero gradients (``find_unused_parameters``
@@ -230,7 +218,8 @@ def _ignore(log_vars):
 
 
 class Dropper(object):
-    """``policy='drop'`` for one run: the plans, and what they leave behind.
+    """``policy='drop'`` for one run: the recomputations, and what they
+    leave behind.
 
     Args:
         model: ``runner.model``.
@@ -245,9 +234,9 @@ class Dropper(object):
         # Why no step of this run can be recomputed without samples.
         self.unavailable = drop_unavailable(len(wrappers))
 
-    def plan(self, event, report, memory, undo, decision=None):
-        """The :class:`DropPlan` of a trigger, or ``None`` (the step is then
-        skipped; the log says why).
+    def prepare(self, event, report, memory, undo, decision=None):
+        """The :class:`Recomputation` of a trigger, or ``None`` (the step is
+        then skipped; the log says why).
 
         Args:
             event (NonFiniteEvent): The trigger.
@@ -274,15 +263,15 @@ class Dropper(object):
                                              else ' on every rank'))
             return None
         if decision is None:
-            return self._plan(event, steps, undo, indices, fail, found=[
+            return self._prepare(event, steps, undo, indices, fail, found=[
                 Culprit(s) for s in report.samples if s.index in indices])
         rank = event.rank
-        return self._plan(event, steps, undo, decision.indices(rank),
-                          decision.iter(rank, event.fail_iter),
-                          decision, decision.empty(rank), decision.found)
+        return self._prepare(event, steps, undo, decision.indices(rank),
+                             decision.iter(rank, event.fail_iter),
+                             decision, decision.empty(rank), decision.found)
 
-    def _plan(self, event, steps, undo, indices, fail, decision=None,
-              empty=False, found=()):
+    def _prepare(self, event, steps, undo, indices, fail, decision=None,
+                 empty=False, found=()):
         wrapper = self.wrappers[0]
         if empty:
             what = 'with a zero loss: every sample of its batch of iter %s ' \
@@ -296,28 +285,28 @@ class Dropper(object):
                  "mmnanhook: policy 'drop': recomputing the update step of "
                  'iter %s %s' % (event.iter, what))
         if decision is None:
-            plan = DropPlan(indices, [], undo, fail, found=found)
+            drop = Recomputation(indices, [], undo, fail, found=found)
         else:
-            plan = DropPlan(indices, [], undo, fail, decision.dropped, empty,
-                            decision.factor(fail), found)
+            drop = Recomputation(indices, [], undo, fail, decision.dropped,
+                                 empty, decision.factor(fail), found)
         last = steps[-1][0]
         for i, batch, rng in steps:
             # What train_step returns is its own micro-step's log_vars.
-            keep = plan.keep if i == last else _ignore
+            keep = drop.keep if i == last else _ignore
             if empty and i == fail:
                 keep({})
-                plan.forwards.append(zero_forward(self.model, wrapper))
+                drop.forwards.append(zero_forward(self.model, wrapper))
                 continue
             if i == fail and indices:
                 batch = split_batch(batch, [
                     k for k in range(batch_size(batch)) if k not in indices])
-            plan.forwards.append(model_forward(
+            drop.forwards.append(model_forward(
                 self.model, wrapper, batch,
                 functools.partial(restore_rng, rng), keep,
                 decision.factor(i) if decision is not None else 1.0))
-        return plan
+        return drop
 
-    def again(self, plan, steps, train_step, sentinel, undo=None):
+    def again(self, drop, steps, train_step, sentinel, undo=None):
         """The train step of a forward that raised on its samples' data,
         taken again without them (``policy='drop'``).
 
@@ -330,7 +319,7 @@ class Dropper(object):
         raises again on one rank makes every rank skip it.
 
         Args:
-            plan (DropPlan): The drop.
+            drop (Recomputation): The drop.
             steps (list[tuple]): ``(iter, data_batch, rng_state)`` of every
                 micro-step since the last update step.
             train_step (callable): ``batch -> outputs``: the model's own
@@ -338,28 +327,28 @@ class Dropper(object):
             sentinel (WrapperSentinel): The optim wrapper's sentinel
                 (``train/samples_dropped``, the ranks' vote).
             undo (callable, optional): Puts the buffers back as they were
-                before the failing micro-step; ``plan.undo`` by default.
+                before the failing micro-step; ``drop.undo`` by default.
 
         Returns:
             tuple | None: What the reduced train step returned, and whether
             its update step was applied; ``None`` when it raised on a rank
-            (every rank then falls back as the plan says).
+            (every rank then falls back as the drop says).
         """
-        batch, rng = dict((i, (b, r)) for i, b, r in steps)[plan.iter]
-        (undo or plan.undo)()
+        batch, rng = dict((i, (b, r)) for i, b, r in steps)[drop.iter]
+        (undo or drop.undo)()
         restore_rng(rng)
         check = sentinel.check
         skipped, records = check.skipped, check.records
         wrapper = self.wrappers[0]
         try:
-            if plan.empty:
+            if drop.empty:
                 outputs = {}
                 wrapper.update_params(zero_forward(self.model, wrapper)()[0])
             else:
-                if plan.indices:
+                if drop.indices:
                     batch = split_batch(batch, [i for i in range(
-                        batch_size(batch)) if i not in plan.indices])
-                with _scaled_losses(unwrap_model(self.model), plan.factor):
+                        batch_size(batch)) if i not in drop.indices])
+                with _scaled_losses(unwrap_model(self.model), drop.factor):
                     outputs = train_step(batch)
         except Exception as error:
             if sentinel.ranks is None or check.records != records:
@@ -369,9 +358,9 @@ class Dropper(object):
                 sentinel.ranks.vote(True)
             self.log(logging.WARNING, 'mmnanhook: the train step taken again '
                      'without sample(s) %s raised %s: %s; every rank skips '
-                     'it' % (plan.indices, type(error).__name__, error))
+                     'it' % (drop.indices, type(error).__name__, error))
             return None
         applied = check.skipped == skipped
         if applied:
-            plan.applied(sentinel)
+            drop.applied(sentinel)
         return outputs, applied

@@ -22,10 +22,11 @@ import types
 from typing import Optional
 
 from mmengine.logging import MessageHub
-from mmengine.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 
 from .. import compat
+from .._mmengine import members
 from ..options import CheckOptions
 from ..recovery import Policy
 from ._listener import Listener
@@ -161,13 +162,6 @@ class NanDetectAmpOptimWrapper(_SelfChecking, AmpOptimWrapper):
         ...                      optimizer=dict(type='SGD', lr=0.01),
         ...                      loss_scale='dynamic', min_loss_scale=1.0)
     """
-
-
-def members(optim_wrapper):
-    """The ``OptimWrapper`` instances of a wrapper or ``OptimWrapperDict``."""
-    if isinstance(optim_wrapper, OptimWrapperDict):
-        return list(optim_wrapper.values())
-    return [optim_wrapper]
 
 
 class NanDetectHandle(object):

@@ -18,22 +18,18 @@ class Listener(object):
         """
         return None
 
-    def on_trigger(self, event, sentinel, wrapper):
+    def on_trigger(self, event, step):
         """Carry out a trigger of the update step: called inside the step,
         before anything of the step is decided.
 
         Args:
             event (NonFiniteEvent): What was non-finite (or spiked).
-            sentinel (WrapperSentinel): The wrapper's sentinel: its
-                :meth:`~WrapperSentinel.carry_out` does the step's part of
-                the decision.
-            wrapper (OptimWrapper): The optim wrapper whose step it is.
-
-        Returns:
-            Action: What became of the step. The default carries out the
-            policy's plan without a diagnosis.
+            step (UpdateStep): The step, for
+                :func:`~mmnanhook.recovery.carry_out` to act on. The
+                default carries out the policy's plan on it without a
+                diagnosis.
         """
-        return sentinel.carry_out_alone(event, wrapper)
+        step.sentinel.carry_out_alone(event, step)
 
     def on_backward_raised(self, event):
         """Called when backward raised (the exception goes on whatever the

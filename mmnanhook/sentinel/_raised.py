@@ -4,7 +4,7 @@ A forward that raises *because* it made non-finite values (a DETR matcher
 handed a NaN cost matrix, SimOTA's cross-entropy of NaN scores, an assertion
 on box coordinates) is a trigger like a non-finite loss, and the policy
 applies (:meth:`~mmnanhook.recovery.Policy.plan`). Under DDP the
-rank whose forward raised votes so (:class:`~._distributed.Ranks`); every
+rank whose forward raised votes so (:class:`~._ranks.Ranks`); every
 other rank learns it in its own vote, before its backward
 (:class:`~mmnanhook.errors.PeerForwardFailed`), and all of them handle the
 same event. Inputs found not finite before the forward

@@ -1,17 +1,20 @@
-"""Tier 1 of one ``OptimWrapper``: the check, and its decision carried out.
+"""Tier 1 of one ``OptimWrapper``: the check, and the acts of its step.
 
 The installation (:mod:`._install`) binds five methods onto a wrapper
 instance that delegate to its :class:`WrapperSentinel`: every loss handed to
 ``backward`` is recorded without a sync; at the update step the gradient
-norm is computed once, before clipping, and clipping reuses it. A trigger's
-event goes to the listener, :class:`~mmnanhook.recovery.Policy` decides with
-its answer, and the sentinel carries the decision out: apply, skip (gradients
-zeroed, parameters and optimizer state untouched), recompute without samples
-(:func:`._drop.recompute`) or raise.
+norm is computed once, before clipping, and clipping reuses it
+(:meth:`WrapperSentinel.measure`; :meth:`~WrapperSentinel.admit` for a step
+to be applied). A trigger's event goes to the listener with the step as an
+:class:`UpdateStep`; :func:`mmnanhook.recovery.carry_out` carries the
+decision out on it: apply, skip (gradients zeroed, parameters and optimizer
+state untouched), recompute without samples (:func:`._drop.recompute`, which
+measures its own step) or raise.
 """
 import logging
 import math
 import weakref
+from typing import Callable, List, NamedTuple, Optional
 
 import torch
 from mmengine.dist import get_dist_info
@@ -23,10 +26,10 @@ from .._log import log
 from .._mmengine import unwrap_model
 from ..errors import NonFiniteError
 from ..records import NonFiniteEvent, Trigger
-from ..recovery import Action, Answer, Circumstances
-from ._check import StepCheck, StepContext
-from ._drop import recompute, unusable
-from ._norms import clip_grads_with_norm_
+from ..recovery import Answer, Circumstances, Step, carry_out
+from ._check import StepCheck, StepContext, StepOutcome
+from ._drop import recompute
+from .._norms import clip_grads_with_norm_
 from ._shards import local_grads
 
 
@@ -64,11 +67,9 @@ class WrapperSentinel(object):
         self._clip = None
         # (weakref to the model, ids of its FSDP1-sharded parameters).
         self._shards = None
-        # The DropPlan being recomputed (policy='drop'), while it is.
-        self.dropping = None
         # Samples dropped so far, on every rank (train/samples_dropped).
         self.samples_dropped = 0
-        # The ranks of a distributed run (sentinel._distributed.Ranks), set
+        # The ranks of a distributed run (sentinel._ranks.Ranks), set
         # by the listener that catches a forward that raises: every backward
         # waits for their vote.
         self.ranks = None
@@ -209,10 +210,10 @@ class WrapperSentinel(object):
                 group['lr'] = lr
 
     def clip_grad(self, wrapper, prev):
-        plan, self._clip = self._clip, None
-        if plan is None:
+        clip, self._clip = self._clip, None
+        if clip is None:
             return prev()
-        params, total = plan
+        params, total = clip
         if total is not None:
             clip_grads_with_norm_(params, wrapper.clip_grad_kwargs['max_norm'],
                                   total)
@@ -221,9 +222,26 @@ class WrapperSentinel(object):
             wrapper.clip_func(params, **wrapper.clip_grad_kwargs)
         return None
 
-    def check_step(self, wrapper):
-        """Check the update step, carry out the decision; return whether to
-        apply the step."""
+    def check_step(self, wrapper) -> bool:
+        """Check the update step, carry out the decision of a trigger;
+        return whether to apply the step."""
+        measured = self.measure(wrapper)
+        event = measured.outcome.event
+        if event is None:
+            self.admit(wrapper, measured)
+            return True
+        step = UpdateStep(self, wrapper, measured)
+        self._respond(event, step)
+        return step.applied
+
+    def measure(self, wrapper, again: bool = False) -> 'Measured':
+        """Measure the update step of ``wrapper`` (no decision).
+
+        Args:
+            wrapper (OptimWrapper): The optim wrapper stepped.
+            again (bool): A recomputation of the step (``'drop'``): its
+                loss scale is logged already.
+        """
         params, grads = _params_with_grads(wrapper)
         clips = _clips_by_norm(wrapper)
         norm_type = wrapper.clip_grad_kwargs.get('norm_type', 2.0) \
@@ -235,35 +253,30 @@ class WrapperSentinel(object):
         outcome = self.check.check(params, grads, norm_type, clips=clips,
                                    scale=scale, context=self._context(),
                                    sharded=sharded)
-        # A raise below keeps this frame in the error's traceback: it must
-        # not hold the gradients (the parameters are the model's anyway).
+        # A raise after this keeps the frame in the error's traceback: it
+        # must not hold the gradients (the parameters are the model's).
         del grads
-        self._tell(outcome)
-        event = outcome.event
-        if event is None:
-            self.check.passed()
-        elif self.dropping is not None:
-            # The recomputed step triggered too: recompute() says why.
-            raise unusable(event)
-        else:
-            done = self._respond(event, wrapper)
-            if done is not Action.APPLY:
-                # A drop's recomputation was checked, logged and applied.
-                return done is Action.DROP
+        self._tell(outcome, again)
+        return Measured(params, clips, outcome)
+
+    def admit(self, wrapper, measured: 'Measured') -> None:
+        """What an update step to be applied records: the check passed,
+        its norm logged, its clipping prepared."""
+        self.check.passed()
         self._count('train/nan_skipped', self.check.skipped)
+        outcome = measured.outcome
         # Only the norm of a step that is applied: a skipped step's
         # non-finite norm would stay in the windows LogProcessor smooths.
         self.hub.update_scalar('train/grad_norm', outcome.grad_norm)
         if wrapper.clip_grad_kwargs:
-            reuse = clips and math.isfinite(outcome.grad_norm)
-            self._clip = (params, outcome.total if reuse else None)
-        return True
+            reuse = measured.clips and math.isfinite(outcome.grad_norm)
+            self._clip = (measured.params,
+                          outcome.total if reuse else None)
 
-    def _tell(self, outcome):
+    def _tell(self, outcome, again):
         """What every checked step logs and tells the listener."""
         hub = self.hub
-        # A recomputation (policy='drop') has the same scale, logged already.
-        if outcome.loss_scale is not None and self.dropping is None:
+        if outcome.loss_scale is not None and not again:
             hub.update_scalar('train/loss_scale', outcome.loss_scale)
         self.outcome = outcome
         if self.settle is not None:
@@ -314,65 +327,29 @@ class WrapperSentinel(object):
                             compat.fsdp_sharded_params(model))
         return self._shards[1]
 
-    def _respond(self, event, wrapper):
-        """The trigger ``event`` carried out by the listener; alone, or
-        when the listener fails before the step's fate (the policy must
-        still apply), by the plan without a diagnosis.
-
-        Returns:
-            Action: What became of the step (``APPLY``: apply it).
-        """
+    def _respond(self, event, step: 'UpdateStep') -> None:
+        """The trigger ``event`` carried out on ``step`` by the listener;
+        alone, or when the listener fails before the step's fate (the
+        policy must still apply), by the plan without a diagnosis."""
         if self.listener is not None:
             try:
-                return self.listener.on_trigger(event, self, wrapper)
+                self.listener.on_trigger(event, step)
+                return
             except NonFiniteError:
                 raise
             except Exception:  # noqa: BLE001 - the policy must still apply
                 MMLogger.get_current_instance().exception(
                     'mmnanhook: the NaN listener failed; applying the policy '
                     'anyway')
-        return self.carry_out_alone(event, wrapper)
+        self.carry_out_alone(event, step)
 
-    def carry_out_alone(self, event, wrapper):
-        """``event``'s plan carried out without a diagnosis (logged here);
-        :meth:`carry_out`'s result."""
+    def carry_out_alone(self, event, step: 'UpdateStep') -> None:
+        """``event``'s plan carried out on ``step`` without a diagnosis
+        (logged here)."""
         plan = self.check.policy.plan(Circumstances(
             event, self.check.consecutive_skips, replays=False))
         log(event.message, plan.level)
-        return self.carry_out(wrapper, event, plan.decide(Answer()),
-                              Answer())
-
-    def carry_out(self, wrapper, event, decision, answer):
-        """The step's part of a trigger's decision, on ``wrapper``.
-
-        Args:
-            wrapper (OptimWrapper): The optim wrapper whose step it is.
-            event (NonFiniteEvent): The trigger.
-            decision (Decision): Its plan's decision.
-            answer (Answer): What was found (the drop to recompute).
-
-        Returns:
-            Action: What became of the step: ``APPLY`` (apply it as it
-            is), ``SKIP``, or ``DROP`` (recomputed, checked and applied);
-            ``RAISE`` raises :class:`~mmnanhook.NonFiniteError`.
-        """
-        action, undo = decision.action, None
-        if action is Action.DROP:
-            why = recompute(self, wrapper, answer.drop)
-            if why is None:
-                return action
-            log('mmnanhook: %s; skipped' % why, logging.WARNING)
-            action, undo = decision.fallback, answer.drop.undo
-        if action is Action.RAISE:
-            # Training ends here; nothing will apply these gradients.
-            _release_grads(wrapper)
-            raise decision.error(event, answer)
-        if action is Action.SKIP:
-            self.skip([wrapper], spike=event.trigger == Trigger.SPIKE,
-                      undo=undo)
-            return action
-        self.check.passed()
-        return Action.APPLY
+        carry_out(plan.decide(Answer()), event, Answer(), step)
 
     def _name_params(self, params, indices):
         model = self._model() if self._model is not None else None
@@ -384,6 +361,58 @@ class WrapperSentinel(object):
         return [names.get(id(params[i]),
                           'param #%d %s' % (i, tuple(params[i].shape)))
                 for i in indices]
+
+
+class Measured(NamedTuple):
+    """What :meth:`WrapperSentinel.measure` found of an update step: the
+    parameters with a gradient, whether clipping is by the norm, and the
+    check's :class:`~._check.StepOutcome`."""
+
+    params: List[torch.Tensor]
+    clips: bool
+    outcome: StepOutcome
+
+
+class UpdateStep(Step):
+    """The update step of one optim wrapper, as a trigger's decision acts
+    on it (:func:`~mmnanhook.recovery.carry_out`).
+
+    Args:
+        sentinel (WrapperSentinel): The wrapper's sentinel.
+        wrapper (OptimWrapper): The optim wrapper stepped.
+        measured (Measured): What its check measured.
+
+    Attributes:
+        applied (bool): Whether the step (or its recomputation) is to be
+            applied, once the decision is carried out.
+    """
+
+    def __init__(self, sentinel: WrapperSentinel, wrapper,
+                 measured: Measured) -> None:
+        self.sentinel = sentinel
+        self.wrapper = wrapper
+        self.measured = measured
+        self.applied = False
+
+    def apply(self) -> None:
+        self.sentinel.admit(self.wrapper, self.measured)
+        self.applied = True
+
+    def leave_out(self, undo: Optional[Callable[[], None]]) -> None:
+        spike = self.measured.outcome.event.trigger == Trigger.SPIKE
+        self.sentinel.skip([self.wrapper], spike=spike, undo=undo)
+
+    def recompute(self, drop) -> Optional[bool]:
+        why = recompute(self.sentinel, self.wrapper, drop)
+        if why is not None:
+            log('mmnanhook: %s; skipped' % why, logging.WARNING)
+            return None
+        self.applied = True
+        return True
+
+    def stop(self) -> None:
+        # Training ends here; nothing will apply these gradients.
+        _release_grads(self.wrapper)
 
 
 def _params_with_grads(wrapper):

@@ -16,7 +16,7 @@ from mmnanhook import compat
 from mmnanhook.bundle import ALLOWLIST_FALLBACK
 from mmnanhook.bundle import load_bundle, write_bundle
 from mmnanhook.errors import BundleError
-from mmnanhook.sentinel import capture_rng
+from mmnanhook.memory import capture_rng
 from mmnan_testing import testbed, zoo
 from mmnan_testing.bundles import hostile_torch_file, replace_listed_file
 

@@ -22,8 +22,8 @@ from mmnanhook.compat import TORCH_VERSION
 from mmnanhook.errors import BundleError
 from mmnan_testing.bundles import CORRUPTIONS
 from mmnanhook.bundle import plot_history
-from mmnanhook.sentinel import History
-from mmnanhook.sentinel import capture_rng, restore_rng
+from mmnanhook.memory import History
+from mmnanhook.memory import capture_rng, restore_rng
 
 PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

@@ -25,7 +25,7 @@ import torch
 from mmnanhook import compat
 from mmnanhook.bundle import load_bundle
 from mmnanhook.quarantine import read_quarantine
-from mmnanhook.sentinel import capture_rng, restore_rng
+from mmnanhook.memory import capture_rng, restore_rng
 from mmnan_testing import cpu_amp  # noqa: F401 - registers its wrappers
 from mmnan_testing import testbed
 from mmnan_testing.bundles import (CORRUPTIONS, copy_bundle,

@@ -20,7 +20,7 @@ from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError, compat
 from mmnanhook.bundle import load_bundle, to_strict_json
-from mmnanhook.sentinel import restore_rng
+from mmnanhook.memory import restore_rng
 from mmnan_testing import faults, testbed
 from mmnan_testing import cpu_amp  # noqa: F401 - registers its wrappers
 from mmnan_testing.ddp import BAD_ITER, BAD_RANK, run_ranks

@@ -17,7 +17,8 @@ from mmnanhook import NonFiniteError
 from mmnanhook._mmengine import unwrap_model
 from mmnanhook.diagnosis import diagnose
 from mmnanhook.run import TriggerProcedure
-from mmnanhook.sentinel import capture_rng, restore_rng, sentinel_of
+from mmnanhook.memory import capture_rng, restore_rng
+from mmnanhook.sentinel import sentinel_of
 from mmnan_testing import exit_check, lifetime
 from mmnan_testing.toy import ToyModel
 
@@ -41,13 +42,13 @@ def test_nothing_of_the_diagnosis_is_left(tmp_path, fault, policy,
     hook = _hook_of(runner)
     # Graph tensors alive when the diagnosis starts: the training step's.
     before = set()
-    carry_out = TriggerProcedure._carry_out
+    prepare = TriggerProcedure._prepare
 
-    def noting_carry_out(procedure, plan, evidence):
+    def noting_prepare(procedure, plan, evidence):
         before.update(lifetime.live_graph_ids())
-        return carry_out(procedure, plan, evidence)
+        return prepare(procedure, plan, evidence)
 
-    monkeypatch.setattr(TriggerProcedure, '_carry_out', noting_carry_out)
+    monkeypatch.setattr(TriggerProcedure, '_prepare', noting_prepare)
     error = None
     try:
         runner.train()

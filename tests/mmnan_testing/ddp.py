@@ -63,8 +63,8 @@ def _nan_loss(out_dir):
 @contextlib.contextmanager
 def ranks_started():
     """The timeouts (seconds: the votes', the exchange's) of the
-    :class:`~mmnanhook.sentinel.Ranks` that runs start meanwhile."""
-    from mmnanhook.sentinel import Ranks
+    :class:`~mmnanhook.distributed.Ranks` that runs start meanwhile."""
+    from mmnanhook.distributed import Ranks
     started, start = [], Ranks.__dict__['start']
 
     def recorded(cls, timeout=None):
@@ -259,24 +259,27 @@ def _drop_run(out_dir, faults, model_type=None, policy='drop',
 
 
 def capture_replays(runner):
-    """Wrap the diagnosis of the run's triggers: whether the model's
-    buffers (BN running statistics) after it equal those before it, per
-    diagnosis."""
+    """Wrap the diagnosis of the run's triggers, from its examination to
+    its bundle written: whether the model's buffers (BN running statistics)
+    after it equal those before it, per diagnosis."""
     import torch
     from mmnanhook.diagnosis import _in_run
-    seen = []
-    incident = _in_run.handle_incident
+    seen, before = [], []
+    examine, write = _in_run.examine, _in_run.write
 
-    def probed(*args, **kwargs):
-        before = [b.detach().clone() for b in runner.model.buffers()]
+    def examined(*args, **kwargs):
+        before[:] = [b.detach().clone() for b in runner.model.buffers()]
+        return examine(*args, **kwargs)
+
+    def written(*args, **kwargs):
         try:
-            return incident(*args, **kwargs)
+            return write(*args, **kwargs)
         finally:
             seen.append(all(torch.equal(a, b) for a, b in zip(
                 before, runner.model.buffers())))
 
     # This rank's process trains this one runner.
-    _in_run.handle_incident = probed
+    _in_run.examine, _in_run.write = examined, written
     return seen
 
 
@@ -395,10 +398,10 @@ def _raise_late(out_dir):
     """The forward raises on rank 1 alone in iteration :data:`LATE_ITER`,
     between the 5th and the 6th of its loss's 20 ``reduce_mean``, which
     rank 0 goes on calling; 'skip'. ``votes``: the votes of each iteration
-    (:meth:`~mmnanhook.sentinel.Ranks.vote`)."""
+    (:meth:`~mmnanhook.distributed.Ranks.vote`)."""
     from mmengine.logging import MessageHub
 
-    from mmnanhook.sentinel import Ranks
+    from mmnanhook.distributed import Ranks
     from mmnan_testing.toy import ToyNormalizedModel
     votes, vote = [], Ranks.vote
 

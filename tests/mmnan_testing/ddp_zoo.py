@@ -404,7 +404,7 @@ def _record_raises(runner):
         frame = sys._getframe(1)
         while frame is not None:
             code = frame.f_code
-            if code.co_name == 'diagnose_in_run' and \
+            if code.co_name == 'diagnose' and \
                     code.co_filename.endswith(
                         osp.join('mmnanhook', 'diagnosis', '_in_run.py')):
                 return True

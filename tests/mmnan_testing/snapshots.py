@@ -44,7 +44,7 @@ def _shares(out_dir):
     import torch.distributed as dist
 
     from mmnanhook.sentinel import Rewinder
-    from mmnanhook.sentinel._distributed import Ranks
+    from mmnanhook.distributed._ranks import Ranks
     from mmnanhook.options import RewindOptions
 
     class _Wrapper(object):

@@ -19,7 +19,8 @@ from mmengine.runner import Runner
 from torch.utils.data import Dataset
 
 from mmnanhook.errors import NonFiniteError
-from mmnanhook.sentinel import capture_rng, sentinel_of
+from mmnanhook.memory import capture_rng
+from mmnanhook.sentinel import sentinel_of
 from .faults import NanGradient
 
 BATCH = 2

@@ -14,7 +14,7 @@ import logging
 import pytest
 
 from mmnanhook.options import CheckOptions, RewindOptions
-from mmnanhook.records import (Kind, NonFiniteEvent, RankFinding,
+from mmnanhook.records import (Kind, NonFiniteEvent, RankFinding, Report,
                                SampleFinding, Trigger)
 from mmnanhook.recovery import (Action, Answer, Circumstances, Plan, Policy)
 
@@ -56,7 +56,7 @@ TABLE = [
     ('skip', 'warn', 'grad', 'diverged', SKIP, True, None, True, None,
      WARNING),
     ('skip', 'warn', 'loss', 'max_skips', RAISE, True, None, True,
-     'max_skips=10', WARNING),
+     'max_skips=10', ERROR),
     ('skip', 'skip', 'spike', 'quiet', SKIP, True, None, False, None,
      WARNING),
     ('skip', 'warn', 'forward', 'quiet', SKIP, False, None, True, None,
@@ -73,9 +73,9 @@ TABLE = [
     ('rewind', 'warn', 'loss', 'diverged', SKIP, True, 40, True, None,
      WARNING),
     ('rewind', 'warn', 'grad', 'no_snapshot', RAISE, True, None, True,
-     'no snapshot older', WARNING),
+     'no snapshot older', ERROR),
     ('rewind', 'warn', 'loss', 'max_rewinds', RAISE, True, None, True,
-     'max_rewinds=3', WARNING),
+     'max_rewinds=3', ERROR),
     ('rewind', 'rewind', 'spike', 'diverged', SKIP, True, 40, False, None,
      WARNING),
     ('rewind', 'warn', 'forward', 'diverged', SKIP, False, None, True, None,
@@ -84,7 +84,7 @@ TABLE = [
     ('drop', 'warn', 'loss', 'quiet', DROP, True, None, False, None,
      WARNING),
     ('drop', 'warn', 'loss', 'max_skips', RAISE, True, None, False,
-     'max_skips=10', WARNING),
+     'max_skips=10', ERROR),
     ('drop', 'skip', 'spike', 'quiet', SKIP, True, None, False, None,
      WARNING),
     ('drop', 'warn', 'forward', 'quiet', DROP, False, None, False, None,
@@ -187,8 +187,9 @@ def test_every_combination_keeps_the_rules(policy, spike_policy, kind,
     # A spike is diagnosed only when it stops or rewinds training.
     if kind == 'spike' and handles not in ('raise', 'rewind'):
         assert plan.diagnosers == ()
-    # It stops training: an error; else a warning.
-    stops = kind in ('forward', 'backward') or handles == 'raise'
+    # It stops training (an exception, a raise, an escalation): an error;
+    # else a warning.
+    stops = kind in ('forward', 'backward') or plan.action is RAISE
     assert plan.level == (ERROR if stops else WARNING)
 
 
@@ -204,7 +205,6 @@ def test_ddp_every_implicated_rank_diagnoses_together_only_its_own_alone():
 
 
 def _report(kind, samples=()):
-    from mmnanhook.records import Report
     report = Report(kind=kind)
     report.samples = [SampleFinding(i) for i in samples]
     return report
@@ -248,7 +248,8 @@ def test_what_the_diagnosis_still_chooses(policy, kind, answer, action):
 
 def test_the_error_carries_the_answer_and_why_it_escalates():
     plan = _plan('skip', 'warn', 'loss', 'max_skips')
-    answer = Answer(bundle='/dumps/b', summary='diagnosis: data')
+    answer = Answer(bundle='/dumps/b',
+                    report=Report(summary='diagnosis: data'))
     decision = plan.decide(answer)
     error = decision.error(plan.event, answer)
     assert error.bundle == '/dumps/b'

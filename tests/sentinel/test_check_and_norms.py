@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from mmnanhook import compat, sentinel as checks
+from mmnanhook import _losses, _norms, compat
 from mmnanhook._anomaly import capture_anomaly_warnings
 from mmnanhook.records import NonFiniteEvent
 
@@ -40,7 +40,7 @@ def _copy(params):
 def test_total_norm_equals_clip_grad_norm(norm_type):
     params = _params()
     ref = torch.nn.utils.clip_grad_norm_(_copy(params), 1e9, norm_type)
-    norms = checks.GradNorms([p.grad for p in params], norm_type)
+    norms = _norms.GradNorms([p.grad for p in params], norm_type)
     assert torch.equal(norms.total, ref)
 
 
@@ -50,8 +50,8 @@ def test_clip_with_reused_norm_equals_clip_grad_norm(norm_type, max_norm):
     params = _params(seed=1)
     ref = _copy(params)
     torch.nn.utils.clip_grad_norm_(ref, max_norm, norm_type)
-    norms = checks.GradNorms([p.grad for p in params], norm_type)
-    checks.clip_grads_with_norm_(params, max_norm, norms.total)
+    norms = _norms.GradNorms([p.grad for p in params], norm_type)
+    _norms.clip_grads_with_norm_(params, max_norm, norms.total)
     for p, q in zip(params, ref):
         assert torch.equal(p.grad, q.grad)
     if max_norm < 1:
@@ -64,21 +64,21 @@ def test_mixed_dtypes_follow_torch_grouping():
     params[1].data = params[1].data.double()
     params[1].grad = params[1].grad.double()
     ref = torch.nn.utils.clip_grad_norm_(_copy(params), 1e9)
-    norms = checks.GradNorms([p.grad for p in params])
+    norms = _norms.GradNorms([p.grad for p in params])
     assert torch.equal(norms.total, ref)
     assert sorted(norms.order) == list(range(len(params)))
 
 
 def test_no_gradients():
-    norms = checks.GradNorms([])
+    norms = _norms.GradNorms([])
     assert float(norms.total) == 0.0
     assert norms.nonfinite() == []
 
 
 def test_fast_norm_agrees_with_the_exact_one():
     params = _params(seed=5)
-    exact = checks.GradNorms([p.grad for p in params]).total
-    fast = checks.GradNorms([p.grad for p in params], exact=False).total
+    exact = _norms.GradNorms([p.grad for p in params]).total
+    fast = _norms.GradNorms([p.grad for p in params], exact=False).total
     assert torch.allclose(fast, exact, rtol=1e-6, atol=0)
 
 
@@ -87,7 +87,7 @@ def test_fast_norm_agrees_with_the_exact_one():
 def test_nonfinite_names_exactly_the_bad_gradients(bad, exact):
     params = _params(seed=3)
     params[2].grad[1, 2, 0] = bad
-    norms = checks.GradNorms([p.grad for p in params], exact=exact)
+    norms = _norms.GradNorms([p.grad for p in params], exact=exact)
     assert not math.isfinite(float(norms.total))
     assert norms.nonfinite() == [2]
 
@@ -96,7 +96,7 @@ def test_nonfinite_names_exactly_the_bad_gradients(bad, exact):
 def test_norm_overflow_with_finite_gradients(exact):
     params = _params(seed=4, scale=1e30)
     assert all(torch.isfinite(p.grad).all() for p in params)
-    norms = checks.GradNorms([p.grad for p in params], exact=exact)
+    norms = _norms.GradNorms([p.grad for p in params], exact=exact)
     # torch's clip would see the same overflow and zero every gradient.
     ref = _copy(params)
     torch.nn.utils.clip_grad_norm_(ref, 1.0)
@@ -107,7 +107,7 @@ def test_norm_overflow_with_finite_gradients(exact):
 
 
 def test_describe_losses_names_the_bad_term():
-    terms = checks.loss_terms({
+    terms = _losses.loss_terms({
         'loss': torch.tensor(float('nan')),
         'loss_cls': torch.tensor(0.5, requires_grad=True),
         'loss_bbox': torch.tensor(float('inf')),
@@ -115,12 +115,12 @@ def test_describe_losses_names_the_bad_term():
     })
     assert list(terms) == ['loss', 'loss_cls', 'loss_bbox']
     assert not any(t.requires_grad for t in terms.values())
-    values, bad = checks.describe_losses(terms)
+    values, bad = _losses.describe_losses(terms)
     assert values['loss_cls'] == 0.5 and math.isinf(values['loss_bbox'])
     assert bad == ['loss_bbox']
     # Only the total is known: it is the one named.
-    assert checks.describe_losses({'loss': torch.tensor(float('nan'))
-                                   })[1] == ['loss']
+    total = {'loss': torch.tensor(float('nan'))}
+    assert _losses.describe_losses(total)[1] == ['loss']
 
 
 def test_anomaly_traceback_is_extracted_from_warnings():

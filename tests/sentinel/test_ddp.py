@@ -15,7 +15,7 @@ from torch.distributed.constants import default_pg_timeout
 from mmnan_testing.ddp import (BAD_ITER, BAD_RANK, HUNG_TIMEOUT,
                                SPIKE_ITERS, run_nodes, run_ranks,
                                run_scenarios)
-from mmnanhook.sentinel._distributed import run_timeout
+from mmnanhook.distributed._ranks import run_timeout
 
 pytestmark = pytest.mark.ddp
 

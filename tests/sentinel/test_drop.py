@@ -11,7 +11,7 @@ import torch
 
 from mmnanhook import NanDetectHook, NanDetectOptimWrapper
 from mmnanhook.quarantine import QuarantineError
-from mmnanhook.sentinel import restore_rng
+from mmnanhook.memory import restore_rng
 from mmnan_testing.toy import (Probe, ToyBNModel, ToyDataset, ToyModel,
                                    TwoOptimizerModel, assert_same, log_text,
                                    make_runner, two_optimizers)

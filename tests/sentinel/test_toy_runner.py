@@ -16,6 +16,7 @@ from mmengine.optim import OptimWrapper
 
 from mmnanhook import (NanDetectHook, NanDetectOptimWrapper,
                        install_nan_detect)
+from mmnanhook.records import Report
 from mmnanhook.recovery import Answer
 from mmnanhook.sentinel import sentinel_of
 from mmnan_testing.toy import (BOUND, Probe, ToyModel,
@@ -323,12 +324,13 @@ class _AnsweringHook(NanDetectHook):
     def before_train(self, runner):
         super().before_train(runner)
 
-        def carry_out(plan, evidence):
+        def prepare(plan, evidence):
             self.events = getattr(self, 'events', []) + [plan.event]
-            return plan.event, Answer(bundle='/dumps/iter_1',
-                                      summary='diagnosis: data')
+            return plan.event, Answer(
+                bundle='/dumps/iter_1',
+                report=Report(summary='diagnosis: data'))
 
-        self._run.procedure._carry_out = carry_out
+        self._run.procedure._prepare = prepare
 
 
 class _FailingHook(NanDetectHook):
@@ -337,10 +339,10 @@ class _FailingHook(NanDetectHook):
     def before_train(self, runner):
         super().before_train(runner)
 
-        def carry_out(plan, evidence):
+        def prepare(plan, evidence):
             raise OSError('disk full')
 
-        self._run.procedure._carry_out = carry_out
+        self._run.procedure._prepare = prepare
 
 
 def test_listener_gets_the_event_first_and_its_answer_is_reported(tmp_path):

@@ -29,7 +29,7 @@ from mmnanhook.cli._replay import build_model, config_from_text
 from mmnanhook.diagnosis import declared_sizes, diagnose
 from mmnanhook.quarantine import read_quarantine
 from mmnanhook.report import format_report
-from mmnanhook.sentinel import restore_rng
+from mmnanhook.memory import restore_rng
 from mmnan_testing import cli, legs, zoo
 
 # name -> ('data', {image index: defect}) or ('lr', the LR of the blow-up).

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmnanhook.sentinel import History, capture_rng, restore_rng
+from mmnanhook.memory import History, capture_rng, restore_rng
 
 
 def test_history_ring_buffer():
@@ -64,7 +64,7 @@ def _same_state(a, b):
 
 def test_step_rng_answers_what_a_full_capture_does():
     from mmnanhook import compat
-    from mmnanhook.sentinel._rng import StepRng
+    from mmnanhook.memory._rng import StepRng
     # Both generators are read as bytes on both legs; else this test would
     # only compare full captures with full captures.
     assert compat.numpy_mt_reader() is not None

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mmnanhook.sentinel import ForwardGuard
+from mmnanhook.distributed import ForwardGuard
 
 NAMES = ('all_reduce', 'all_gather', 'broadcast', 'all_gather_object')
 

@@ -14,7 +14,10 @@ A module's parameters, buffers and submodules are not attributes here: the
 tensors have their own snapshots (:class:`BufferSnapshot`), and the
 submodules are objects of their own.
 """
+from __future__ import annotations
+
 import collections
+from typing import Any, Iterable
 
 import torch
 
@@ -87,7 +90,7 @@ class Attributes(object):
             written back too, and torch's entries are put back.
     """
 
-    def __init__(self, objects, step=False):
+    def __init__(self, objects: Iterable[Any], step: bool = False) -> None:
         self._step = step
         self._kept = []
         for obj in objects:
@@ -102,7 +105,7 @@ class Attributes(object):
                 (name, (value, _contents(value)))
                 for name, value in own.items() if name not in skip), skip))
 
-    def restore(self):
+    def restore(self) -> None:
         """Put every attribute back: entries added since are removed."""
         if self._step:
             for own, kept, module in self._kept:
@@ -127,6 +130,7 @@ def _restore(own, kept, skip):
             _put_back(value, contents)
 
 
-def module_attributes(module, step=False):
+def module_attributes(module: torch.nn.Module,
+                      step: bool = False) -> Attributes:
     """:class:`Attributes` of ``module`` and every submodule of it."""
     return Attributes(module.modules(), step)

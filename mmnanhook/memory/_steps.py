@@ -7,7 +7,10 @@ With them, the data preprocessor's attributes before the forward (a few
 entries: ``BatchSyncRandomResize`` resizes by the size it kept, and sets
 the next one in the same forward).
 """
+from __future__ import annotations
+
 import collections
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -26,14 +29,15 @@ class StepMemory(object):
             set (:meth:`preprocessor_attributes`).
     """
 
-    def __init__(self, window=1, preprocessor=None):
+    def __init__(self, window: int = 1,
+                 preprocessor: Optional[torch.nn.Module] = None) -> None:
         self.window = max(1, int(window))
         self._steps = collections.OrderedDict()
         self._rng = StepRng()
         self._preprocessor = list(preprocessor.modules()) if isinstance(
             preprocessor, torch.nn.Module) else []
 
-    def preprocessor_attributes(self):
+    def preprocessor_attributes(self) -> Optional[Attributes]:
         """The data preprocessor's :class:`Attributes` now, before a step's
         forward: what a step skipped or taken again, and every replay, start
         from (about 2 us: a shallow copy of a few ``__dict__`` s); ``None``
@@ -42,7 +46,8 @@ class StepMemory(object):
             return None
         return Attributes(self._preprocessor, step=True)
 
-    def keep(self, iter, data_batch, attributes=None):
+    def keep(self, iter: int, data_batch: Any,
+             attributes: Optional[Attributes] = None) -> None:
         """Keep ``data_batch`` and the RNG states now, for iteration ``iter``.
 
         Args:
@@ -55,21 +60,21 @@ class StepMemory(object):
         while len(self._steps) > self.window:
             self._steps.popitem(last=False)
 
-    def get(self, iter):
+    def get(self, iter: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
         """``(data_batch, rng_state)`` of ``iter``, or ``(None, None)``."""
         return self._steps.get(iter, (None, None, None))[:2]
 
-    def attributes(self, iter):
+    def attributes(self, iter: int) -> Optional[Attributes]:
         """The preprocessor's :class:`Attributes` before ``iter``'s forward,
         or ``None``."""
         return self._steps.get(iter, (None, None, None))[2]
 
-    def steps(self):
+    def steps(self) -> List[Tuple[int, Any, Dict[str, Any]]]:
         """``(iter, data_batch, rng_state)`` of every step kept, oldest
         first: the micro-steps since the last update step."""
         return [(i, batch, rng) for i, (batch, rng, _) in self._steps.items()]
 
-    def clear(self):
+    def clear(self) -> None:
         """Release everything kept."""
         self._steps.clear()
 
@@ -87,11 +92,12 @@ class ForwardStart(object):
         attributes (Attributes, optional): The preprocessor's.
     """
 
-    def __init__(self, buffers, attributes=None):
+    def __init__(self, buffers: BufferSnapshot,
+                 attributes: Optional[Attributes] = None) -> None:
         self.buffers = buffers
         self.attributes = attributes
 
-    def restore(self):
+    def restore(self) -> None:
         """Write both back."""
         self.buffers.restore()
         if self.attributes is not None:
@@ -114,7 +120,7 @@ class BufferSnapshot(object):
         module (torch.nn.Module): Whose buffers to copy now.
     """
 
-    def __init__(self, module):
+    def __init__(self, module: torch.nn.Module) -> None:
         groups = collections.OrderedDict()
         for m in module.modules():
             for name, b in m._buffers.items():
@@ -126,7 +132,7 @@ class BufferSnapshot(object):
                                             for _, _, b in kept]))
                           for kept in groups.values()]
 
-    def restore(self):
+    def restore(self) -> None:
         """Write the copies back."""
         with torch.no_grad():
             for kept, flat in self._flat:

@@ -4,8 +4,11 @@ A replay only reproduces a failure whose forward draws random numbers
 (samplers of two-stage detectors, dropout, random augmentations inside the
 model) when it starts from the generator states of the original iteration.
 """
+from __future__ import annotations
+
 import logging
 import random
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
@@ -13,7 +16,9 @@ from .. import compat
 from .._log import log
 
 
-def capture_rng(numpy_state=None, random_state=None, cuda=None):
+def capture_rng(numpy_state: Optional[Callable[[], Any]] = None,
+                random_state: Optional[Callable[[], Any]] = None,
+                cuda: Optional[bool] = None) -> Dict[str, Any]:
     """Snapshot the torch CPU, CUDA, numpy and python ``random`` states.
 
     A few kilobytes of host copies. CUDA states are captured only once CUDA
@@ -63,7 +68,7 @@ class StepRng(object):
     full capture every time.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         generator = getattr(random.getstate, '__self__', None)
         self._numpy = _Unchanged(compat.numpy_mt_reader(),
                                  np.random.get_state,
@@ -75,7 +80,7 @@ class StepRng(object):
         # The devices a process sees do not change while it runs.
         self._cuda = torch.cuda.is_available()
 
-    def capture(self):
+    def capture(self) -> Dict[str, Any]:
         """:func:`capture_rng` now."""
         return capture_rng(self._numpy, self._random, self._cuda)
 
@@ -91,7 +96,9 @@ class _Unchanged(object):
             not cover is as in ``state`` (the cached Gaussian).
     """
 
-    def __init__(self, read, capture, unchanged):
+    def __init__(self, read: Optional[Callable[[], bytes]],
+                 capture: Callable[[], Any],
+                 unchanged: Callable[[Any], bool]) -> None:
         self._read = read
         self._capture = capture
         self._unchanged = unchanged
@@ -110,7 +117,8 @@ class _Unchanged(object):
         return state
 
 
-def restore_rng(state, logger=None):
+def restore_rng(state: Dict[str, Any],
+                logger: Optional[logging.Logger] = None) -> None:
     """Restore a state returned by :func:`capture_rng`.
 
     A bundle written on a GPU machine also replays on a CPU-only one: its

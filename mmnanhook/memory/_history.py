@@ -1,7 +1,9 @@
 """The per-iteration training history kept for the bundle."""
+from __future__ import annotations
+
 import collections
 import dataclasses
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ..records import HISTORY_FIELDS
 
@@ -24,8 +26,8 @@ class StepState(object):
         spikes (list[str], optional): The series that spiked.
         triggered (bool): A trigger (not a spike) happened in it.
         applied (bool, optional): Whether the update step was applied.
-        dropped (DropPlan, optional): The drop recomputed and applied in
-            it: what the train step returns are its values.
+        dropped (Recomputation, optional): The drop recomputed and applied
+            in it: what the train step returns are its values.
     """
 
     loss: Optional[float] = None
@@ -37,7 +39,9 @@ class StepState(object):
     dropped: Any = None
 
 
-def step_record(scalars, step, lr_factor=None, **values):
+def step_record(scalars: Dict[str, Any], step: StepState,
+                lr_factor: Optional[float] = None,
+                **values: Any) -> Dict[str, Any]:
     """One iteration's history record, as :meth:`History.append` takes it.
 
     Args:
@@ -71,15 +75,19 @@ class History(object):
         maxlen (int): How many iterations to keep.
     """
 
-    def __init__(self, maxlen=200):
+    def __init__(self, maxlen: int = 200) -> None:
         self._records = collections.deque(maxlen=maxlen)
 
     @property
-    def maxlen(self):
+    def maxlen(self) -> Optional[int]:
         return self._records.maxlen
 
-    def append(self, iter, loss=None, grad_norm=None, lr=None,
-               loss_scale=None, spike=None, rewind=None):
+    def append(self, iter: int, loss: Optional[float] = None,
+               grad_norm: Optional[float] = None,
+               lr: Optional[float] = None,
+               loss_scale: Optional[float] = None,
+               spike: Optional[List[str]] = None,
+               rewind: Optional[int] = None) -> None:
         """Record one iteration; any value may be non-finite or ``None``.
 
         Args:
@@ -99,7 +107,7 @@ class History(object):
             _as_float(loss_scale), list(spike) if spike else None,
             None if rewind is None else int(rewind)))
 
-    def records(self):
+    def records(self) -> List[Dict[str, Any]]:
         """The kept records, oldest first, as a list of dicts."""
         records = []
         for values in self._records:

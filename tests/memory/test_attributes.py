@@ -1,5 +1,5 @@
 """What a forward sets outside tensors, kept and put back
-(:class:`~mmnanhook.sentinel.Attributes`): rebound, added and removed
+(:class:`~mmnanhook.memory.Attributes`): rebound, added and removed
 attributes, containers and plain tensors written in place, a module's own
 parameters and hooks left alone."""
 import collections
@@ -7,7 +7,7 @@ import collections
 import torch
 from torch import nn
 
-from mmnanhook.sentinel import Attributes, module_attributes
+from mmnanhook.memory import Attributes, module_attributes
 
 
 class Resizer(nn.Module):

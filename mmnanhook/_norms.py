@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .. import compat
+from . import compat
 
 # Gradients whose 2-norm the fast path takes from a dot product.
 _DOT_DTYPES = (torch.float32, torch.float64)
