@@ -291,40 +291,47 @@ _DIFFS_KEPT = 40
 def capture_pictures(runner):
     """Compare the run before and after each handling of a trigger's
     diagnosis: :mod:`mmnan_testing.runstate`'s picture of ``runner`` taken
-    right before and right after ``mmnanhook.diagnosis._in_run._incident``,
-    this rank's part of a trigger's diagnosis (the micro-step search and every
-    replay run inside it; a rank that does not diagnose only exchanges).
+    right before this rank's examination of it
+    (``mmnanhook.diagnosis._in_run.Diagnostician._examine``: the micro-step
+    search and every replay) and right after its bundle is written
+    (``Diagnostician.write``); a rank that does not diagnose only exchanges.
 
     Returns:
         list[dict]: Per diagnosis on this rank, in order: ``iter``,
         ``diff`` (the differences, empty when nothing changed; at most
-        :data:`_DIFFS_KEPT`), ``more`` (those left out), ``seconds`` (the
-        diagnosis's, pictures excluded). Filled as the run goes.
+        :data:`_DIFFS_KEPT`), ``more`` (those left out), ``seconds`` (from
+        the examination to the bundle written). Filled as the run goes.
     """
-    from mmnanhook.diagnosis import _in_run
+    from mmnanhook.diagnosis._in_run import Diagnostician
     seen = []
     _pictures['seen'] = seen
-    if not getattr(_in_run._incident, 'pictured', False):
-        incident = _in_run._incident
+    if not getattr(Diagnostician._examine, 'pictured', False):
+        examine, write = Diagnostician._examine, Diagnostician.write
+        pending = []
 
-        def pictured(runner, *args, **kwargs):
+        def examined(self, *args, **kwargs):
             from mmnan_testing import runstate
-            before = runstate.take(runner)
-            start = time.time()
-            try:
-                return incident(runner, *args, **kwargs)
-            finally:
-                seconds = time.time() - start
-                found = runstate.diff(before, runstate.take(runner))
-                _pictures['seen'].append(dict(
-                    iter=runner.iter, diff=found[:_DIFFS_KEPT],
-                    more=max(len(found) - _DIFFS_KEPT, 0),
-                    seconds=round(seconds, 2)))
+            pending[:] = [runstate.take(self.runner), time.time()]
+            return examine(self, *args, **kwargs)
 
-        pictured.pictured = True
+        def written(self, *args, **kwargs):
+            from mmnan_testing import runstate
+            try:
+                return write(self, *args, **kwargs)
+            finally:
+                if pending:
+                    before, start = pending
+                    del pending[:]
+                    found = runstate.diff(before, runstate.take(self.runner))
+                    _pictures['seen'].append(dict(
+                        iter=self.runner.iter, diff=found[:_DIFFS_KEPT],
+                        more=max(len(found) - _DIFFS_KEPT, 0),
+                        seconds=round(time.time() - start, 2)))
+
+        examined.pictured = True
         # This rank's process trains one runner at a time; a later
         # scenario's call only points the records elsewhere.
-        _in_run._incident = pictured
+        Diagnostician._examine, Diagnostician.write = examined, written
     return seen
 
 
