@@ -4,8 +4,11 @@ Anomaly mode reports the forward traceback of a failing backward op only as
 a warning, which warning filters may drop; tier 1 (around a backward that
 raised) and tier 2 (the replay) both keep it.
 """
+from __future__ import annotations
+
 import contextlib
 import warnings
+from typing import Iterator, Optional
 
 # The text anomaly mode's forward-traceback warning starts with (torch 1.7
 # through 2.13).
@@ -19,17 +22,18 @@ class AnomalyMessages(object):
         messages (list[str]): Each forward traceback anomaly mode reported.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.messages = []
 
     @property
-    def traceback(self):
+    def traceback(self) -> Optional[str]:
         """All messages joined, or ``None`` when anomaly mode reported none."""
         return '\n'.join(self.messages) if self.messages else None
 
 
 @contextlib.contextmanager
-def capture_anomaly_warnings(record=None):
+def capture_anomaly_warnings(record: Optional[AnomalyMessages] = None
+                             ) -> Iterator[AnomalyMessages]:
     """Record anomaly mode's warnings; re-emit every other one once on exit.
 
     Args:
@@ -61,6 +65,6 @@ def capture_anomaly_warnings(record=None):
             warnings.warn_explicit(text, category, filename, lineno)
 
 
-def is_anomaly_nan_error(exc):
+def is_anomaly_nan_error(exc: BaseException) -> bool:
     """Whether ``exc`` is anomaly mode's "returned nan values" error."""
     return isinstance(exc, RuntimeError) and 'returned nan values' in str(exc)

@@ -1,12 +1,15 @@
 """What a batch from an MMEngine dataloader holds per sample: how many
 samples, and the sub-batch of some of them (the diagnosis replays samples
 alone; ``policy='drop'`` recomputes a step without some)."""
+from __future__ import annotations
+
 from collections.abc import Mapping
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
 
-def batch_size(data_batch):
+def batch_size(data_batch: Any) -> Optional[int]:
     """Number of samples in a batch, or ``None`` when it cannot be told.
 
     ``inputs`` decides for mmengine batches (a list with one entry per
@@ -36,7 +39,7 @@ def _length(value):
     return None
 
 
-def split_batch(data_batch, indices):
+def split_batch(data_batch: Any, indices: Sequence[int]) -> Any:
     """The sub-batch holding only the samples at ``indices``.
 
     Every list, tuple or tensor whose length is the batch size is indexed;
@@ -64,7 +67,8 @@ def split_batch(data_batch, indices):
     return take(data_batch)
 
 
-def replace_samples(data_batch, packed):
+def replace_samples(data_batch: Any,
+                    packed: Dict[int, Optional[Dict[str, Any]]]) -> Any:
     """The batch with some samples replaced by what a pipeline packed anew.
 
     Args:
@@ -92,7 +96,7 @@ def replace_samples(data_batch, packed):
     return batch
 
 
-def sample_files(data_batch):
+def sample_files(data_batch: Any) -> Optional[List[Optional[str]]]:
     """``img_path`` of each sample of an mmengine batch (``None`` where its
     metainfo has none); ``None`` for a batch without data samples."""
     samples = data_batch.get('data_samples') if isinstance(

@@ -1,5 +1,9 @@
 """Box structures as mmdet and mmrotate hand them over: what kind they are
 and their corners. Shared by the GT checks and the pictures."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
 import numpy as np
 import torch
 
@@ -11,7 +15,8 @@ _KIND_BY_CLASS = {
 _KIND_BY_WIDTH = {4: 'hbox', 5: 'rbox', 8: 'qbox'}
 
 
-def as_box_tensor(boxes):
+def as_box_tensor(boxes: Any
+                  ) -> Tuple[Optional[str], Optional[torch.Tensor]]:
     """(kind, float tensor N x D) of boxes, or (None, None)."""
     tensor = getattr(boxes, 'tensor', boxes)
     if isinstance(tensor, np.ndarray):
@@ -26,7 +31,7 @@ def as_box_tensor(boxes):
     return kind, tensor.detach().to('cpu', torch.float64)
 
 
-def rbox_corners(t):
+def rbox_corners(t: torch.Tensor) -> torch.Tensor:
     """Corners (N, 4, 2) of (cx, cy, w, h, angle) boxes."""
     cx, cy, w, h, a = t.unbind(-1)
     cos, sin = torch.cos(a), torch.sin(a)

@@ -1,11 +1,14 @@
 """How mmnanhook writes values, name lists and one-line errors."""
+from __future__ import annotations
+
 import math
+from typing import Any, Sequence, Union
 
 # How many offending names a message or a record keeps.
 MAX_NAMES = 20
 
 
-def format_value(value):
+def format_value(value: Union[float, str, None]) -> str:
     """A float for messages: ``nan``/``inf`` as such, else 6 significant.
 
     Strings pass through: strict JSON (``report.json``) stores non-finite
@@ -20,7 +23,7 @@ def format_value(value):
     return '%.6g' % value
 
 
-def format_names(names, count):
+def format_names(names: Sequence[str], count: int) -> str:
     """``'a, b, c'``, with ``' and N more'`` when ``count`` exceeds them."""
     text = ', '.join(names)
     if count > len(names):
@@ -28,6 +31,6 @@ def format_names(names, count):
     return text
 
 
-def one_line(text):
+def one_line(text: Any) -> str:
     """``text`` with every run of whitespace (newlines too) made one space."""
     return ' '.join(str(text).split())

@@ -9,7 +9,10 @@ means finite inputs; a non-finite one (or a sum that overflowed) is looked
 at sample by sample, on the failure path only. Shared by tier 1 (before the
 forward of a train step) and the replays of the diagnosis.
 """
+from __future__ import annotations
+
 from collections.abc import Mapping
+from typing import Any, Iterable, List, Optional
 
 import torch
 
@@ -18,7 +21,7 @@ from ._tensors import iter_tensors
 from .errors import NonFiniteInputError
 
 
-def floating(data_batch) -> bool:
+def floating(data_batch: Any) -> bool:
     """Whether the batch as the dataloader yields it has floating-point
     inputs (``data_batch['inputs']``: a tensor, or a list, tuple or dict of
     them).
@@ -31,7 +34,7 @@ def floating(data_batch) -> bool:
     return any(t.is_floating_point() for t in iter_tensors(inputs))
 
 
-def per_sample(inputs) -> list:
+def per_sample(inputs: Any) -> list:
     """The tensors of each sample: ``inputs`` stacked (``(N, ...)``
     tensors, one per key of a dict) or one entry per sample.
 
@@ -50,7 +53,7 @@ def per_sample(inputs) -> list:
     return []
 
 
-def nonfinite_samples(data) -> list:
+def nonfinite_samples(data: Any) -> list:
     """The positions of the samples whose inputs hold NaN/Inf.
 
     Args:
@@ -73,7 +76,8 @@ def nonfinite_samples(data) -> list:
                    for t in sample)]
 
 
-def sample_names(data, samples) -> list:
+def sample_names(data: Any,
+                 samples: Iterable[int]) -> Optional[List[Optional[str]]]:
     """The image file of each sample at ``samples`` (``None`` where
     unknown), or ``None`` when the batch has no list of data samples."""
     files = sample_files(data)
@@ -82,7 +86,7 @@ def sample_names(data, samples) -> list:
     return [files[i] if i < len(files) else None for i in samples]
 
 
-def check_inputs(data) -> None:
+def check_inputs(data: Any) -> None:
     """Raise :class:`~mmnanhook.errors.NonFiniteInputError` naming the
     samples whose inputs hold NaN/Inf.
 

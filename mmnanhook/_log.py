@@ -5,14 +5,18 @@ mmengine's ``print_log`` calls the logger itself, so MMLogger's ERROR format
 ``logger.py`` in every line; :func:`log` names the mmnanhook code that
 logged.
 """
+from __future__ import annotations
+
 import logging
+from typing import Union
 
 from mmengine.logging import MMLogger
 
 from .compat import LOG_CALLER
 
 
-def log(message, level=logging.INFO, logger=None):
+def log(message: str, level: int = logging.INFO,
+        logger: Union[logging.Logger, str, None] = None) -> None:
     """Log ``message`` at ``level``.
 
     Args:

@@ -1,12 +1,15 @@
 """The loss terms of a parsed loss dict, and which of them are not finite:
 what tier 1 records of every loss and what a replay reads of its own."""
+from __future__ import annotations
+
 import math
 from collections import OrderedDict
+from typing import Any, Dict, List, Mapping, Tuple
 
 import torch
 
 
-def loss_terms(log_vars):
+def loss_terms(log_vars: Mapping[str, Any]) -> Dict[str, torch.Tensor]:
     """The entries of a parsed loss dict that ``parse_losses`` sums.
 
     Args:
@@ -22,7 +25,8 @@ def loss_terms(log_vars):
                        if 'loss' in k and torch.is_tensor(v))
 
 
-def describe_losses(terms):
+def describe_losses(terms: Mapping[str, torch.Tensor]
+                    ) -> Tuple[Dict[str, float], List[str]]:
     """Turn loss terms into floats and name the non-finite ones.
 
     Failure path only: every term costs a host sync.

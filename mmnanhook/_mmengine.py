@@ -1,21 +1,25 @@
 """MMEngine idioms the adapters share."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional
+
 from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapperDict
 
 
-def unwrap_model(model):
+def unwrap_model(model: Any) -> Any:
     """The model inside a DDP / FSDP wrapper, or ``model`` itself."""
     return model.module if is_model_wrapper(model) else model
 
 
-def is_ddp(model):
+def is_ddp(model: Any) -> bool:
     """Whether ``model`` is wrapped in ``DistributedDataParallel`` (mmengine's
     ``MMDistributedDataParallel`` included)."""
     from torch.nn.parallel import DistributedDataParallel
     return isinstance(model, DistributedDataParallel)
 
 
-def wrapped_datasets(dataset):
+def wrapped_datasets(dataset: Any) -> Iterator[Any]:
     """``dataset`` and every dataset it wraps (``RepeatDataset``,
     ``ConcatDataset``, ``MultiImageMixDataset``...: their ``dataset`` and
     ``datasets``), outermost first, each once."""
@@ -30,7 +34,7 @@ def wrapped_datasets(dataset):
         queue.extend(getattr(node, 'datasets', None) or [])
 
 
-def compile_options(runner):
+def compile_options(runner: Any) -> Optional[Dict[str, Any]]:
     """The ``torch.compile`` options ``runner`` compiles the model with, or
     ``None``: the config's ``compile`` (``Runner._maybe_compile``), or
     FlexibleRunner's ``compile`` argument; ``True`` is no options (an empty
@@ -44,7 +48,7 @@ def compile_options(runner):
     return {} if value is True else dict(value)
 
 
-def members(optim_wrapper):
+def members(optim_wrapper: Any) -> List[Any]:
     """The ``OptimWrapper`` instances of a wrapper or ``OptimWrapperDict``."""
     if isinstance(optim_wrapper, OptimWrapperDict):
         return list(optim_wrapper.values())

@@ -4,7 +4,10 @@ Pure torch. The hot path builds tensors only; values reach the host in the
 one sync the caller chooses, and per-gradient values are read on the failure
 path only.
 """
+from __future__ import annotations
+
 import math
+from typing import Iterable, List, Optional, Union
 
 import torch
 
@@ -36,7 +39,9 @@ class GradNorms(object):
             (its maximum for the inf-norm).
     """
 
-    def __init__(self, grads, norm_type=2.0, exact=True, sharded=None):
+    def __init__(self, grads: Iterable[torch.Tensor],
+                 norm_type: Union[float, str] = 2.0, exact: bool = True,
+                 sharded: Optional[List[bool]] = None) -> None:
         self.grads = list(grads)
         self.norm_type = float(norm_type)
         self.sharded = sharded
@@ -100,7 +105,7 @@ class GradNorms(object):
             return stacked.max()
         return (stacked**self.norm_type).sum()
 
-    def finish(self, power):
+    def finish(self, power: torch.Tensor) -> torch.Tensor:
         """The total norm, given :attr:`power` reduced over the ranks.
 
         Args:
@@ -117,7 +122,7 @@ class GradNorms(object):
             self.total = (power + self._whole)**(1.0 / self.norm_type)
         return self.total
 
-    def nonfinite(self):
+    def nonfinite(self) -> List[int]:
         """Indices (into ``grads``) of gradients holding NaN or Inf.
 
         Failure path only (host syncs). Only gradients whose own norm is not
@@ -137,7 +142,7 @@ class GradNorms(object):
         ]).tolist()
         return sorted(i for i, ok in zip(suspects, finite) if not ok)
 
-    def largest_abs(self):
+    def largest_abs(self) -> float:
         """The largest gradient magnitude, as a float (failure path)."""
         if not self.grads:
             return 0.0
@@ -148,7 +153,8 @@ class GradNorms(object):
             ]).max())
 
 
-def clip_grads_with_norm_(params, max_norm, total_norm):
+def clip_grads_with_norm_(params: List[torch.Tensor], max_norm: float,
+                          total_norm: torch.Tensor) -> None:
     """Scale gradients in place by ``min(max_norm / (total + 1e-6), 1)``.
 
     The second half of ``clip_grad_norm_``, given the norm it would have

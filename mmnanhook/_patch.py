@@ -1,9 +1,12 @@
 """Instance attributes set for a while (a module's ``forward``, a model's
 ``train_step``, a transform's ``get_indexes``) and put back as they were."""
+from __future__ import annotations
+
 import contextlib
+from typing import Any, Callable, Iterator
 
 
-def set_attribute(obj, name, value):
+def set_attribute(obj: Any, name: str, value: Any) -> Callable[[], None]:
     """Set ``obj.<name>`` as an instance attribute.
 
     Returns:
@@ -24,7 +27,7 @@ def set_attribute(obj, name, value):
 
 
 @contextlib.contextmanager
-def patched(obj, name, value):
+def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
     """``obj.<name>`` is ``value`` while the block runs
     (:func:`set_attribute`)."""
     undo = set_attribute(obj, name, value)

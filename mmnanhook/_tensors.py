@@ -1,6 +1,9 @@
 """The tensors inside a value a module takes or returns: shared by the
 input check (:mod:`._inputs`) and the diagnosis."""
+from __future__ import annotations
+
 from collections.abc import Mapping
+from typing import Any, Iterator
 
 import torch
 
@@ -9,7 +12,7 @@ import torch
 _MAX_DEPTH = 8
 
 
-def iter_tensors(obj, _depth=0):
+def iter_tensors(obj: Any, _depth: int = 0) -> Iterator[torch.Tensor]:
     """Yield the tensors inside ``obj``.
 
     Looks into mappings, lists, tuples, mmengine data elements (their data

@@ -8,11 +8,15 @@ module (the project's compatibility rule), so that one reading shows every
 place a version, or a library's private layout (numpy's and CPython's
 Mersenne Twister state, DDP's reducer), is relied on.
 """
+from __future__ import annotations
+
 import inspect
 import logging
 import os
 import sys
 import warnings
+from typing import (Any, Callable, Dict, List, NoReturn, Optional,
+                    Sequence, Set, Tuple, Union)
 
 import torch
 
@@ -33,7 +37,7 @@ MMENGINE_VERSION = digit_version(mmengine.__version__)
 ENGINE_EXIT_RACE = TORCH_VERSION < digit_version('1.8.0')
 
 
-def exit_process(code):
+def exit_process(code: Union[int, str, None]) -> NoReturn:
     """End a process that is done (a command line's), with ``code``.
 
     On torch < 1.8 (:data:`ENGINE_EXIT_RACE`) the output and the log files
@@ -45,7 +49,7 @@ def exit_process(code):
     leave(code)
 
 
-def leave(code):
+def leave(code: Union[int, str, None]) -> NoReturn:
     """End this process now with ``code``, its output and log files flushed,
     without the interpreter's finalization nor the C++ exit handlers (where
     threads that outlive them would hang or abort it)."""
@@ -58,7 +62,7 @@ def leave(code):
     os._exit(code if isinstance(code, int) else 1)
 
 
-def default_store():
+def default_store() -> Any:
     """The key-value store of the default process group (a ``TCPStore``
     under torch's launchers), which outlives a failed collective of another
     group.
@@ -77,7 +81,7 @@ def default_store():
 WEIGHTS_ONLY_ALLOWLIST = TORCH_VERSION >= digit_version('2.6.0')
 
 
-def set_detect_anomaly(mode, check_nan=True):
+def set_detect_anomaly(mode: bool, check_nan: bool = True) -> None:
     """``torch.autograd.set_detect_anomaly`` with ``check_nan`` where it exists.
 
     Args:
@@ -91,18 +95,18 @@ def set_detect_anomaly(mode, check_nan=True):
         torch.autograd.set_detect_anomaly(mode)
 
 
-def is_anomaly_check_nan_enabled():
+def is_anomaly_check_nan_enabled() -> bool:
     """Whether anomaly mode checks for NaN (always, before torch 1.13)."""
     fn = getattr(torch, 'is_anomaly_check_nan_enabled', None)
     return fn() if fn is not None else True
 
 
-def anomaly_state():
+def anomaly_state() -> Tuple[bool, bool]:
     """The (enabled, check_nan) pair to hand back to :func:`restore_anomaly`."""
     return torch.is_anomaly_enabled(), is_anomaly_check_nan_enabled()
 
 
-def restore_anomaly(state):
+def restore_anomaly(state: Tuple[bool, bool]) -> None:
     """Restore a state returned by :func:`anomaly_state`."""
     set_detect_anomaly(state[0], check_nan=state[1])
 
@@ -112,7 +116,7 @@ def restore_anomaly(state):
 HAS_DYNAMO = TORCH_VERSION >= digit_version('2.0.0')
 
 
-def not_traced(fn):
+def not_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` excluded from ``torch.compile``.
 
     A compiled caller (MMEngine's ``compile``: the whole ``train_step``)
@@ -141,7 +145,7 @@ def not_traced(fn):
     return dynamo.disable(fn)
 
 
-def compiled_original(fn):
+def compiled_original(fn: Any) -> Optional[Callable[..., Any]]:
     """The eager callable that ``torch.compile`` made ``fn`` from (as
     MMEngine sets the compiled ``train_step`` on the model instance), or
     ``None`` when ``fn`` is not a compiled function.
@@ -158,7 +162,7 @@ def compiled_original(fn):
 HAS_FOREACH_NORM = hasattr(torch, '_foreach_norm')
 
 
-def cpu_grad_scaler(**kwargs):
+def cpu_grad_scaler(**kwargs: Any) -> Any:
     """A GradScaler that runs on CPU (torch >= 2.3), else ``None``.
 
     Args:
@@ -177,7 +181,7 @@ FOREACH_NORM_IN_CLIP = HAS_FOREACH_NORM and (
     'foreach' in inspect.signature(torch.nn.utils.clip_grad_norm_).parameters)
 
 
-def clip_norm_groups(tensors):
+def clip_norm_groups(tensors: List[torch.Tensor]) -> List[List[int]]:
     """Index lists of ``tensors`` in the order ``clip_grad_norm_`` sums them.
 
     torch >= 2.0 groups gradients by device and dtype (in its own order);
@@ -196,7 +200,8 @@ def clip_norm_groups(tensors):
     return [list(indices) for _, indices in grouped.values()]
 
 
-def foreach_norm_supported(tensors, device):
+def foreach_norm_supported(tensors: List[torch.Tensor],
+                           device: torch.device) -> bool:
     """Whether ``clip_grad_norm_`` would use ``_foreach_norm`` for them.
 
     Args:
@@ -209,7 +214,8 @@ def foreach_norm_supported(tensors, device):
     return _has_foreach_support(tensors, device)
 
 
-def clip_vector_norm(tensor, norm_type):
+def clip_vector_norm(tensor: torch.Tensor,
+                     norm_type: float) -> torch.Tensor:
     """The p-norm of one tensor, computed as ``clip_grad_norm_`` does it.
 
     Args:
@@ -221,7 +227,7 @@ def clip_vector_norm(tensor, norm_type):
     return torch.norm(tensor, norm_type)
 
 
-def numpy_mt_reader():
+def numpy_mt_reader() -> Optional[Callable[[], bytes]]:
     """A reader of the key and position of numpy's global Mersenne Twister
     as bytes (about 0.5 us), or ``None`` where it cannot be read so.
 
@@ -257,7 +263,7 @@ def numpy_mt_reader():
         return None
 
 
-def python_mt_reader():
+def python_mt_reader() -> Optional[Callable[[], bytes]]:
     """A reader of the index and key of ``random``'s global Mersenne Twister
     as bytes (about 0.5 us), or ``None`` where it cannot be read so.
 
@@ -305,7 +311,7 @@ clip_grads_with_norm_ = getattr(torch.nn.utils, 'clip_grads_with_norm_', None)
 CLIP_ALWAYS_MULTIPLIES = TORCH_VERSION >= digit_version('1.10.0')
 
 
-def grad_scaler_scale(scaler):
+def grad_scaler_scale(scaler: Any) -> Optional[torch.Tensor]:
     """A GradScaler's current scale as a tensor, without a host sync.
 
     Args:
@@ -321,7 +327,7 @@ def grad_scaler_scale(scaler):
     return torch.tensor(float(scaler.get_scale()))
 
 
-def add_exception_note(exc, text):
+def add_exception_note(exc: BaseException, text: str) -> None:
     """Attach ``text`` to an exception without changing its type.
 
     Python >= 3.11 shows notes after the message; older Pythons get the text
@@ -339,7 +345,7 @@ def add_exception_note(exc, text):
         exc.args = tuple(exc.args) + (text, )
 
 
-def autocast(device_type, dtype):
+def autocast(device_type: str, dtype: torch.dtype) -> Any:
     """A fresh autocast context for ``device_type`` and ``dtype``, or ``None``.
 
     ``torch.autocast`` exists since torch 1.10 (CPU: bfloat16, and float16
@@ -366,7 +372,7 @@ def autocast(device_type, dtype):
     return None
 
 
-def valid_signals():
+def valid_signals() -> Set[int]:
     """Every signal number this platform has (``signal.valid_signals``,
     Python 3.8+; on 3.7, those the ``signal`` module names)."""
     import signal
@@ -374,7 +380,7 @@ def valid_signals():
     return valid() if valid is not None else set(signal.Signals)
 
 
-def distribution_version(names):
+def distribution_version(names: Sequence[str]) -> Optional[str]:
     """Installed version of the first of ``names`` found, else ``None``.
 
     Args:
@@ -398,7 +404,10 @@ def distribution_version(names):
     return None
 
 
-def nan_to_num(tensor, nan=0.0, posinf=None, neginf=None):
+def nan_to_num(tensor: torch.Tensor,
+               nan: float = 0.0,
+               posinf: Optional[float] = None,
+               neginf: Optional[float] = None) -> torch.Tensor:
     """``torch.nan_to_num`` (torch >= 1.8) on every torch."""
     if hasattr(torch, 'nan_to_num'):
         return torch.nan_to_num(tensor, nan=nan, posinf=posinf, neginf=neginf)
@@ -425,16 +434,16 @@ class BackwardDrain(object):
     the queue pops (and frees) the leftovers first.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         with torch.enable_grad():
             self._root = torch.zeros((), requires_grad=True) * 1.0
 
-    def __call__(self):
+    def __call__(self) -> None:
         with torch.enable_grad():
             self._root.backward(retain_graph=True)
 
 
-def dtensor_type():
+def dtensor_type() -> Optional[type]:
     """The ``DTensor`` class (FSDP2 ``fully_shard`` gradients), or ``None``.
 
     Public as ``torch.distributed.tensor`` since torch 2.4, private before
@@ -453,7 +462,7 @@ def dtensor_type():
     return None
 
 
-def fsdp_sharded_params(model):
+def fsdp_sharded_params(model: torch.nn.Module) -> Optional[Set[int]]:
     """The ids of the parameters FSDP (``FullyShardedDataParallel``, FSDP1)
     shards across ranks inside ``model``, as its ``clip_grad_norm_`` selects
     them; ``None`` when no module of ``model`` is FSDP1.
@@ -499,7 +508,7 @@ def fsdp_sharded_params(model):
     return ids if found else None
 
 
-def ddp_syncs_buffers(ddp):
+def ddp_syncs_buffers(ddp: Any) -> bool:
     """Whether the next forward of ``ddp`` (a ``DistributedDataParallel``)
     broadcasts the module's buffers from rank 0 first: a collective called
     from C++, which no Python call of ``torch.distributed`` shows.
@@ -516,7 +525,7 @@ def ddp_syncs_buffers(ddp):
                 and getattr(ddp, 'broadcast_buffers', False) and buffers)
 
 
-def ddp_forward_collectives(ddp, buffers):
+def ddp_forward_collectives(ddp: Any, buffers: bool) -> None:
     """The collectives the forward of ``ddp`` makes from C++ before the
     module's: the one-time broadcast of its rebuilt gradient buckets (the
     reducer does nothing where none is pending, alike on every rank) and,
@@ -529,7 +538,8 @@ def ddp_forward_collectives(ddp, buffers):
         sync()
 
 
-def compiled_forward(model, options):
+def compiled_forward(model: torch.nn.Module,
+                     options: Dict[str, Any]) -> Optional[Callable[..., Any]]:
     """``model.forward`` through ``torch.compile(**options)`` (the options a
     run compiled its train_step with), or ``None`` where torch has no
     ``compile`` (< 2.0)."""

@@ -13,7 +13,7 @@ step raises. The sentinels talk to the run; nothing passes through here.
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Any, Optional
 
 from mmengine.hooks import Hook
 from mmengine.registry import HOOKS
@@ -125,7 +125,7 @@ class NanDetectHook(Hook):
 
     priority = 'ABOVE_NORMAL'
 
-    def __init__(self, **options) -> None:
+    def __init__(self, **options: Any) -> None:
         self.options = HookOptions.build(**options)
         if self.options.quarantine.quarantine is not None:
             # A file that is not a quarantine list fails at build time.
@@ -139,7 +139,7 @@ class NanDetectHook(Hook):
 
     # -- lifecycle ---------------------------------------------------------
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: Any) -> None:
         self._end_run()
         findings = check_run_config(runner, self.options.doctor)
         self._run = HookRun(self.options, runner, self._history, findings)
@@ -149,16 +149,17 @@ class NanDetectHook(Hook):
             runner.model, 'train_step',
             self._wrap_train_step(runner.model.train_step))
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: Any) -> None:
         self._end_run()
 
-    def before_val(self, runner) -> None:
+    def before_val(self, runner: Any) -> None:
         # Before any hook's before_val_epoch: EMAHook swaps the weights in
         # place there.
         if self._run is not None:
             self._run.settle()
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+    def after_train_iter(self, runner: Any, batch_idx: int,
+                         data_batch: Any = None,
                          outputs: Optional[dict] = None) -> None:
         if self._run is not None:
             self._run.after_iter(outputs)

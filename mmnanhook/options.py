@@ -10,19 +10,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 POLICIES = ('raise', 'skip', 'warn', 'rewind', 'drop')
 SPIKE_POLICIES = (None, 'warn', 'skip', 'rewind', 'raise')
 ANOMALY_MODES = ('on_trigger', 'always', 'never')
 
 
-def is_count(value):
+def is_count(value: Any) -> bool:
     """Whether ``value`` is an int (and not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_count(name, value, minimum, allow_none=False):
+def check_count(name: str, value: Any, minimum: int,
+                allow_none: bool = False) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= minimum."""
     if allow_none and value is None:
         return
@@ -32,13 +33,14 @@ def check_count(name, value, minimum, allow_none=False):
                           value))
 
 
-def check_bool(name, value):
+def check_bool(name: str, value: Any) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is a bool."""
     if not isinstance(value, bool):
         raise ValueError('%s must be True or False, got %r' % (name, value))
 
 
-def check_number(name, value, minimum=0.0, allow_none=False):
+def check_number(name: str, value: Any, minimum: float = 0.0,
+                 allow_none: bool = False) -> None:
     """Raise ``ValueError`` unless ``value`` is a finite number >= minimum."""
     if allow_none and value is None:
         return
@@ -49,14 +51,14 @@ def check_number(name, value, minimum=0.0, allow_none=False):
                           value))
 
 
-def check_choice(name, value, choices):
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``value`` is in ``choices``."""
     if value not in choices:
         raise ValueError('%s must be one of %s, got %r' %
                          (name, ', '.join(map(repr, choices)), value))
 
 
-def check_anomaly(anomaly):
+def check_anomaly(anomaly: Any) -> None:
     """``anomaly``: one of :data:`ANOMALY_MODES` or an int >= 0."""
     if anomaly in ANOMALY_MODES:
         return
@@ -67,14 +69,15 @@ def check_anomaly(anomaly):
             (', '.join(map(repr, ANOMALY_MODES)), anomaly))
 
 
-def anomaly_wanted(anomaly, train_iters):
+def anomaly_wanted(anomaly: Union[str, int],
+                   train_iters: int) -> bool:
     """Whether anomaly mode is on in a train iteration, ``train_iters``
     iterations into the run (``anomaly`` checked by :func:`check_anomaly`)."""
     return anomaly == 'always' or (is_count(anomaly) and
                                    train_iters < anomaly)
 
 
-def check_path(name, value):
+def check_path(name: str, value: Any) -> None:
     """``value``: a path or ``None``."""
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise ValueError('%s must be a path or None, got %r' % (name, value))
@@ -86,7 +89,8 @@ def check_path(name, value):
 SPIKE_FACTORS = {'loss': 4.0, 'grad_norm': 20.0}
 
 
-def spike_factors(value):
+def spike_factors(value: Union[float, Dict[str, float], None]
+                  ) -> Dict[str, float]:
     """``spike_factor`` as ``{'loss': f, 'grad_norm': g}``, validated."""
     if value is None:
         return dict(SPIKE_FACTORS)
@@ -298,7 +302,7 @@ class HookOptions(object):
         check_choice('doctor', self.doctor, DOCTOR_CHOICES)
 
     @classmethod
-    def build(cls, **kwargs) -> HookOptions:
+    def build(cls, **kwargs: Any) -> HookOptions:
         """The options from a hook config's keyword arguments.
 
         Raises:

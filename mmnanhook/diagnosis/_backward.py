@@ -8,8 +8,11 @@
 
 Both undo what they installed on exit, also when the replay raises.
 """
+from __future__ import annotations
+
 import contextlib
 import re
+from typing import Any, Iterable, Iterator, List, Optional, Set, Tuple
 
 from .. import compat
 from .._anomaly import AnomalyMessages, capture_anomaly_warnings
@@ -30,7 +33,7 @@ class AnomalyRecord(AnomalyMessages):
     """
 
     @property
-    def node(self):
+    def node(self) -> Optional[str]:
         """Name of the node anomaly mode reported (the last one), or None."""
         for message in reversed(self.messages):
             match = _ANOMALY_NODE_RE.search(message)
@@ -39,13 +42,13 @@ class AnomalyRecord(AnomalyMessages):
         return None
 
     @property
-    def frames(self):
+    def frames(self) -> List[Tuple[str, int, str, str]]:
         """Frames of the last reported forward traceback."""
         return parse_frames(self.messages[-1]) if self.messages else []
 
 
 @contextlib.contextmanager
-def anomaly_mode():
+def anomaly_mode() -> Iterator[AnomalyRecord]:
     """Anomaly mode on for the block; its warnings captured, not emitted.
 
     Where torch allows it (>= 1.13) the NaN check is off:
@@ -73,7 +76,7 @@ def _is_accumulate_grad(node):
     return hasattr(node, 'variable')
 
 
-def graph_nodes(roots):
+def graph_nodes(roots: Iterable[Any]) -> Set[Any]:
     """All autograd nodes reachable from the ``grad_fn`` of ``roots``.
 
     Args:
@@ -109,7 +112,7 @@ class BackwardWatch(object):
             gradient at all (same keys).
     """
 
-    def __init__(self, roots):
+    def __init__(self, roots: Iterable[Any]) -> None:
         self.roots = list(roots)
         self.producer = None
         self.first = None

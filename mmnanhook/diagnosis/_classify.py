@@ -1,5 +1,9 @@
 """What a failure is (its :class:`~mmnanhook.records.Kind`) and where:
 module, op, ``file:line`` and source line, from what the replays found."""
+from __future__ import annotations
+
+from typing import Any
+
 from ._frames import format_user_frames, user_location
 from ._session import display_name, replay_frames
 
@@ -50,7 +54,7 @@ def _locate(report, origin):
         report.traceback = origin.stack
 
 
-def classify(report, main):
+def classify(report: Any, main: Any) -> str:
     if report.params:
         return 'params'
     if report.optimizer_state:
@@ -71,7 +75,7 @@ def classify(report, main):
     return 'backward'
 
 
-def fill_location(report, main, watch):
+def fill_location(report: Any, main: Any, watch: Any) -> None:
     kind = report.kind
     if kind == 'exception' or (kind == 'data' and main.error is not None):
         _explain_exception(report, main, watch)

@@ -6,7 +6,10 @@ image is loaded again as its dataset's pipeline loads it, before anything
 composes, and checked: the finding then names the part whose pixels are not
 finite, so the quarantine never names the innocent main image.
 """
+from __future__ import annotations
+
 import logging
+from typing import Any, List
 
 import numpy as np
 
@@ -42,7 +45,8 @@ def _check(sources, index, path):
     return index, _nonfinite(part_image(source, index))
 
 
-def trace_parts(findings, data_batch, dataset):
+def trace_parts(findings: List[Any], data_batch: Any,
+                dataset: Any) -> None:
     """Point each composed sample's non-finite input at the part it came
     from (failure path: loads the parts' images again).
 

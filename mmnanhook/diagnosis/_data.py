@@ -14,8 +14,11 @@ plain ``(N, 4)``, ``(N, 5)`` or ``(N, 8)`` tensor is taken by its width.
 This module also splits a batch into sub-batches, which the diagnosis uses
 to find the samples that fail on their own.
 """
+from __future__ import annotations
+
 import math
 from collections.abc import Mapping
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -49,7 +52,7 @@ _ANGLE_TOL = 1e-4
 MAX_PROBLEMS_PER_SAMPLE = 10
 
 
-def angle_range_from_config(cfg):
+def angle_range_from_config(cfg: Any) -> Optional[Tuple[float, float]]:
     """The rotated-box angle range of a config, from its ``angle_version``.
 
     The top-level ``angle_version`` (mmrotate configs define one) wins;
@@ -92,7 +95,7 @@ def _metainfo(sample):
     return meta if isinstance(meta, Mapping) else {}
 
 
-def sample_img_path(sample):
+def sample_img_path(sample: Any) -> Optional[str]:
     """The image path in a data sample's metainfo, or ``None``.
 
     Args:
@@ -154,8 +157,9 @@ def _side_problem(index, name, value):
                                              _num(value)), index)
 
 
-def check_boxes(boxes, image_hw=None, angle_range=None,
-                min_size=DEFAULT_MIN_SIZE):
+def check_boxes(boxes: Any, image_hw: Optional[Tuple[float, float]] = None,
+                angle_range: Optional[Tuple[float, float]] = None,
+                min_size: float = DEFAULT_MIN_SIZE) -> List[DataProblem]:
     """Describe the problems of a set of ground-truth boxes.
 
     Args:
@@ -238,7 +242,8 @@ def _nonfinite_problem(tensor, what):
                                                                 inf))
 
 
-def nonfinite_data(findings):
+def nonfinite_data(findings: Iterable[SampleFinding]
+                   ) -> List[SampleFinding]:
     """The findings of the samples whose inputs or targets are not finite.
 
     Args:
@@ -259,7 +264,8 @@ def _per_sample_inputs(inputs, n):
     return [[] for _ in range(n)]
 
 
-def size_mismatch_problem(declared, sample):
+def size_mismatch_problem(declared: Optional[Tuple[int, int]],
+                          sample: Any) -> Optional[DataProblem]:
     """The problem of an annotation that declares another image size.
 
     Datasets drop boxes outside the *declared* size at load time, and the
@@ -284,7 +290,9 @@ def size_mismatch_problem(declared, sample):
         'dataset\'s filter and the pipeline clipped them')
 
 
-def declared_size_problem(declared, real, how):
+def declared_size_problem(declared: Optional[Tuple[int, int]],
+                          real: Tuple[int, int],
+                          how: str) -> Optional[DataProblem]:
     """The problem of a declared image size that is not the real one.
 
     Args:
@@ -312,7 +320,9 @@ def declared_size_problem(declared, real, how):
     return DataProblem(ProblemCategory.SIZE_MISMATCH, text)
 
 
-def annotations(dataset, data_batch, infos=None):
+def annotations(dataset: Any, data_batch: Any,
+                infos: Optional[Dict[int, Any]] = None
+                ) -> List[Optional[Dict[str, Any]]]:
     """What the annotations say of a batch's images: size and boxes.
 
     Looked up by ``img_path`` in the dataset's data infos (through dataset
@@ -348,7 +358,7 @@ def annotations(dataset, data_batch, infos=None):
     return found
 
 
-def annotation_of(dataset, info):
+def annotation_of(dataset: Any, info: Dict[str, Any]) -> Dict[str, Any]:
     """What one data info says of its image: ``{'declared': (width,
     height) | None, 'boxes': [[...], ...]}``, boxes as annotated (in the
     file's own coordinates)."""
@@ -357,13 +367,15 @@ def annotation_of(dataset, info):
     return dict(declared=declared_size(dataset, info), boxes=boxes)
 
 
-def declared_sizes(found):
+def declared_sizes(found: Optional[Sequence[Optional[Dict[str, Any]]]]
+                   ) -> List[Optional[Tuple[int, int]]]:
     """The declared ``(width, height)`` of each sample of
     :func:`annotations`' answer."""
     return [a.get('declared') if a else None for a in found or []]
 
 
-def declared_size(dataset, info):
+def declared_size(dataset: Any,
+                  info: Dict[str, Any]) -> Optional[Tuple[int, int]]:
     """``(width, height)`` a data info declares, or ``None``.
 
     A size every info shares from the dataset's own ``img_shape`` setting
@@ -378,8 +390,11 @@ def declared_size(dataset, info):
     return int(width), int(height)
 
 
-def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE,
-                declared=None):
+def check_batch(data_batch: Any,
+                angle_range: Optional[Tuple[float, float]] = None,
+                min_size: float = DEFAULT_MIN_SIZE,
+                declared: Optional[Sequence[Optional[Tuple[int, int]]]] = None
+                ) -> List[SampleFinding]:
     """Check every sample of a batch for non-finite inputs and bad GT boxes.
 
     Args:
@@ -426,7 +441,7 @@ def check_batch(data_batch, angle_range=None, min_size=DEFAULT_MIN_SIZE,
     return results
 
 
-def capped(problems):
+def capped(problems: List[DataProblem]) -> List[DataProblem]:
     """The first :data:`MAX_PROBLEMS_PER_SAMPLE` of one sample's problems,
     and how many more there were.
 

@@ -22,8 +22,11 @@ step, under instrumentation too slow for every iteration:
 The model's parameters are never written; gradients, buffers and RNG states
 are put back as they were.
 """
+from __future__ import annotations
+
 import logging
 import time
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -185,11 +188,19 @@ def _implicated_samples(session, report, main, check_samples, log):
     return [s.index for s in report.batch_problems]
 
 
-def diagnose(model, data_batch, restore_rng=None, amp_dtype=None,
-             angle_range=None, check_samples=True, optimizer_state=None,
-             logger=None, anomaly=True, declared=None, pipeline=None,
-             sources=None, retry=True, drop_refused=None, composed=None,
-             start_attributes=None, compiled=None):
+def diagnose(model: Any, data_batch: Any,
+             restore_rng: Optional[Callable[[], Any]] = None,
+             amp_dtype: Optional[torch.dtype] = None,
+             angle_range: Optional[Tuple[float, float]] = None,
+             check_samples: bool = True, optimizer_state: Any = None,
+             logger: Optional[logging.Logger] = None, anomaly: bool = True,
+             declared: Optional[Sequence[Optional[Tuple[int, int]]]] = None,
+             pipeline: Optional[Any] = None,
+             sources: Optional[Dict[int, Any]] = None, retry: bool = True,
+             drop_refused: Optional[str] = None,
+             composed: Optional[Callable[[Any, Any], Any]] = None,
+             start_attributes: Optional[Any] = None,
+             compiled: Optional[Dict[str, Any]] = None) -> Any:
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:

@@ -7,8 +7,11 @@ where the overflow finally happened. :func:`divergence_evidence` reads the
 history for that story; :func:`apply_divergence` makes it the report's kind
 (``'divergence'``), except for a data fault, whose cause is concrete.
 """
+from __future__ import annotations
+
 import dataclasses
 import math
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from ..records import Divergence
 from ._fixes import lower_lr_fix
@@ -47,7 +50,7 @@ def _blowup(records, series):
                 median=run[0][1], factor=run[-1][1] / run[0][1])
 
 
-def rising(records):
+def rising(records: Sequence[Dict[str, Any]]) -> bool:
     """Whether the loss or the gradient norm blew up before the trigger (the
     last record)."""
     return any(_blowup(records, s) is not None for s in ('loss', 'grad_norm'))
@@ -89,8 +92,12 @@ def _grown(reference, current):
     return grown[:_GROWN]
 
 
-def divergence_evidence(records, spikes, reference_norms=None,
-                        current_norms=None, grad_median=None, amp=False):
+def divergence_evidence(records: Sequence[Dict[str, Any]],
+                        spikes: Optional[Sequence[Dict[str, Any]]],
+                        reference_norms: Optional[Dict[str, float]] = None,
+                        current_norms: Optional[Dict[str, float]] = None,
+                        grad_median: Optional[float] = None,
+                        amp: bool = False) -> Optional[Divergence]:
     """What the history before a trigger says about a divergence.
 
     Args:
@@ -133,7 +140,10 @@ def divergence_evidence(records, spikes, reference_norms=None,
         amp=bool(amp))
 
 
-def weight_evidence(records, largest, start, amp=False):
+def weight_evidence(records: Sequence[Dict[str, Any]],
+                    largest: Optional[Dict[str, Any]],
+                    start: Optional[float],
+                    amp: bool = False) -> Optional[Divergence]:
     """Divergence evidence from the growth of the largest weight.
 
     Args:
@@ -169,7 +179,8 @@ def weight_evidence(records, largest, start, amp=False):
         clip_max_norm=2.0 * median if median else None, amp=bool(amp))
 
 
-def apply_divergence(report, evidence, rewind=None):
+def apply_divergence(report: Any, evidence: Optional[Divergence],
+                     rewind: Optional[Dict[str, Any]] = None) -> bool:
     """Make ``evidence`` the report's finding unless the data is at fault.
 
     Its fix is then a lower learning rate (:func:`lower_lr_fix`), replacing
@@ -194,8 +205,12 @@ def apply_divergence(report, evidence, rewind=None):
     return True
 
 
-def evidence_before(event, records, detector, window, reference=None,
-                    snapshots=None, norms=None):
+def evidence_before(event: Any, records: Sequence[Dict[str, Any]],
+                    detector: Optional[Any], window: int,
+                    reference: Optional[Dict[str, float]] = None,
+                    snapshots: Optional[Any] = None,
+                    norms: Optional[Callable[[], Dict[str, float]]] = None
+                    ) -> Optional[Divergence]:
     """Evidence of a divergence before a trigger, or ``None``.
 
     Args:

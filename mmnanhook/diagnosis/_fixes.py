@@ -8,7 +8,10 @@ annotation's real image size) first runs the implicated sample through it
 without the fix: when that control does not make the bad box again, nothing
 can be concluded and the fix stays untested, saying why.
 """
+from __future__ import annotations
+
 import os.path as osp
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
@@ -50,14 +53,16 @@ def _names(findings):
 class _Resampler(object):
     """Implicated samples through the train pipeline again (once each)."""
 
-    def __init__(self, pipeline, sources, angle_range):
+    def __init__(self, pipeline: Optional[Any],
+                 sources: Optional[Dict[int, Any]],
+                 angle_range: Optional[Tuple[float, float]]) -> None:
         self.pipeline = pipeline
         self.sources = sources or {}
         self.angle_range = angle_range
         self._control = {}
         self._replays = []
 
-    def why_not(self, index):
+    def why_not(self, index: int) -> Optional[str]:
         """Why sample ``index`` cannot go through the pipeline, or None."""
         if self.pipeline is None:
             return 'the train pipeline is unknown'
@@ -66,7 +71,8 @@ class _Resampler(object):
             return 'the annotation of sample {} is unknown'.format(index)
         return image_too_large(info.get('img_path'))
 
-    def problems(self, packed):
+    def problems(self, packed: Optional[Dict[str, Any]]
+                 ) -> Set[Optional[ProblemCategory]]:
         """The box problem categories of one packed sample."""
         if packed is None:
             return set()
@@ -75,7 +81,7 @@ class _Resampler(object):
              'data_samples': [packed['data_samples']]}, self.angle_range)
         return found.categories
 
-    def control(self, index):
+    def control(self, index: int) -> bool:
         """The sample through the unchanged pipeline, and whether it makes
         a bad box again."""
         if index not in self._control:
@@ -84,10 +90,12 @@ class _Resampler(object):
                 self.problems(packed) & set(_BOX_FIXED))
         return self._control[index]
 
-    def run(self, index, info=None, with_filter=False):
+    def run(self, index: int, info: Optional[Dict[str, Any]] = None,
+            with_filter: bool = False) -> Optional[Dict[str, Any]]:
         return self.pipeline.run(info or self.sources[index], with_filter)
 
-    def replay(self, kind, text, session, packed, samples, how):
+    def replay(self, kind: Union[FixKind, str], text: str, session: Any,
+               packed: Dict[int, Any], samples: List[int], how: str) -> Fix:
         """Replay the batch with ``packed`` in place of its samples; a
         batch an earlier fix already made is not replayed again (the same
         batch from the same state gives the same result)."""
@@ -258,7 +266,7 @@ def _data_fixes(report, session, resampler, declared):
     return fixes
 
 
-def fp32_fix(report, replay):
+def fp32_fix(report: Any, replay: Any) -> Fix:
     """The float32 replay of an AMP run, as a fix."""
     finite, loss, detail = _outcome(replay)
     where = "'{}'".format(report.module) if report.module else 'the model'
@@ -269,7 +277,8 @@ def fp32_fix(report, replay):
                detail or 'replayed in float32')
 
 
-def lower_lr_fix(divergence, rewind=None):
+def lower_lr_fix(divergence: Any,
+                 rewind: Optional[Dict[str, Any]] = None) -> Fix:
     """The lower learning rate a divergence calls for, as a fix.
 
     No replay of one iteration can verify it: it takes the weights from
@@ -315,7 +324,7 @@ _NONE_WHY = {
 }
 
 
-def no_fix(report, tried=False):
+def no_fix(report: Any, tried: bool = False) -> Fix:
     """The record saying that no fix can be applied mechanically, and why.
 
     Args:
@@ -333,9 +342,12 @@ def no_fix(report, tried=False):
     return Fix(FixKind.NONE, None, None, None, why)
 
 
-def verify_fixes(report, session, pipeline=None, sources=None,
-                 declared=None, angle_range=None, fp32=None,
-                 drop_refused=None):
+def verify_fixes(report: Any, session: Any, pipeline: Optional[Any] = None,
+                 sources: Optional[Dict[int, Any]] = None,
+                 declared: Optional[Sequence[Any]] = None,
+                 angle_range: Optional[Tuple[float, float]] = None,
+                 fp32: Optional[Any] = None,
+                 drop_refused: Optional[str] = None) -> List[Fix]:
     """Replay the failing iteration with each fix the findings suggest.
 
     Args:

@@ -5,10 +5,13 @@ torch, mmnanhook and the standard library (and, for the line tracer, numpy
 and mmengine as well, which make no NaN but run on every attribute access
 of mmengine's data elements).
 """
+from __future__ import annotations
+
 import os
 import re
 import sysconfig
 import traceback
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Union
 
 import mmengine
 import numpy as np
@@ -40,7 +43,7 @@ def _normpath(path):
     return os.path.normcase(os.path.abspath(path))
 
 
-def is_user_file(path):
+def is_user_file(path: str) -> bool:
     """Whether ``path`` is user code: not torch, mmnanhook or the stdlib.
 
     Args:
@@ -55,7 +58,8 @@ def _is_traced_file(path):
     return not path.startswith(_NO_TRACE_DIRS)
 
 
-def parse_frames(text):
+def parse_frames(text: Union[str, Sequence[str]]
+                 ) -> List[Tuple[str, int, str, str]]:
     """Frames ``(file, line, function, code)`` of a formatted traceback.
 
     Args:
@@ -69,7 +73,8 @@ def parse_frames(text):
             for m in _FRAME_RE.finditer(text)]
 
 
-def user_location(frames):
+def user_location(frames: Sequence[Tuple[str, int, str, str]]
+                  ) -> Tuple[Optional[str], Optional[str]]:
     """``(location, code)`` of the innermost user-code frame.
 
     ``(None, None)`` when no frame is user code.
@@ -84,7 +89,7 @@ def user_location(frames):
     return None, None
 
 
-def node_traceback(node):
+def node_traceback(node: Any) -> Optional[str]:
     """Anomaly mode's forward traceback of an autograd node, or ``None``.
 
     Anomaly mode must have been on while the forward created the node.
@@ -101,7 +106,8 @@ def node_traceback(node):
     return ''.join(stack) if isinstance(stack, (list, tuple)) else str(stack)
 
 
-def format_user_frames(frames):
+def format_user_frames(frames: Iterable[Tuple[str, int, str, str]]
+                       ) -> str:
     """Traceback text of the user-code frames among ``frames``.
 
     Args:

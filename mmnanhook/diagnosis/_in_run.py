@@ -17,14 +17,14 @@ import dataclasses
 import functools
 import logging
 import time
-from typing import List, Optional, Sequence, Tuple
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from .._mmengine import unwrap_model
 from ..records import (Diagnosis, Divergence, NonFiniteEvent, RankFinding,
                        Trigger)
 from ..recovery import raised_by_nonfinite, rank_finding
 from ..report import to_visualizer
-from ._incident import examine, write
+from ._incident import conclude, examine
 from ._local import local_replays
 from ._micro import locate_micro_step
 from ._state import preserved_run
@@ -78,9 +78,10 @@ class Diagnostician(object):
             diagnosis proposes no drop then.
     """
 
-    def __init__(self, runner, memory, options, states, communicating=(),
+    def __init__(self, runner: Any, memory: Any, options: Any, states: Any,
+                 communicating: Iterable[Tuple[str, Any]] = (),
                  start_weight: Optional[float] = None,
-                 config_findings=(),
+                 config_findings: Iterable[Any] = (),
                  drop_refused: Optional[str] = None) -> None:
         self.runner = runner
         self.memory = memory
@@ -121,22 +122,13 @@ class Diagnostician(object):
         """
         runner, options, event = self.runner, self.options, diagnosis.event
         bundle = None
-        if diagnosis.material is not None:
-            material = diagnosis.material
-            with preserved_run(runner, unwrap_model(runner.model)):
-                bundle, pictures = write(
-                    runner, event, diagnosis.report, material,
-                    request.history, options, request.level, findings,
-                    self.config_findings, self.states, request.diagnosers)
-            to_visualizer(getattr(runner, 'visualizer', None),
-                          diagnosis.report, pictures, event.iter,
-                          runner.logger)
-            seconds = time.time() - material.start
-            del material, pictures
-            # What the diagnosis allocated is free now: give it back.
-            _trim_heap()
-            runner.logger.log(logging.INFO, 'mmnanhook: diagnosis and bundle '
-                              'took %.2f s' % seconds)
+        try:
+            if diagnosis.material is not None:
+                bundle = self._write(request, diagnosis, findings)
+        except Exception:  # noqa: BLE001 - the policy applies, every rank
+            if not request.together:
+                raise
+            runner.logger.exception('mmnanhook: the bundle failed')
         report = diagnosis.report
         # Under DDP every rank records what the writer wrote (it cannot
         # know); alone, only a bundle written holds a state to name.
@@ -148,6 +140,26 @@ class Diagnostician(object):
                 request.diagnosers)
         return dataclasses.replace(diagnosis, findings=findings,
                                    bundle=bundle, material=None)
+
+    def _write(self, request, diagnosis, findings):
+        """The report completed, logged, its pictures, the bundle: its
+        path (``None``: none)."""
+        runner, event, material = self.runner, diagnosis.event, \
+            diagnosis.material
+        with preserved_run(runner, unwrap_model(runner.model)):
+            bundle, pictures = conclude(
+                runner, event, diagnosis.report, material, request.history,
+                self.options, request.level, findings, self.config_findings,
+                self.states, request.diagnosers)
+        to_visualizer(getattr(runner, 'visualizer', None), diagnosis.report,
+                      pictures, event.iter, runner.logger)
+        seconds = time.time() - material.start
+        del material, pictures
+        # What the diagnosis allocated is free now: give it back.
+        _trim_heap()
+        runner.logger.log(logging.INFO, 'mmnanhook: diagnosis and bundle '
+                          'took %.2f s' % seconds)
+        return bundle
 
     def _examine(self, request):
         runner, options, memory = self.runner, self.options, self.memory

@@ -1,5 +1,5 @@
 """Tier 2 of a trigger, in two steps: :func:`examine` replays and diagnoses
-the failing iteration; :func:`write` completes the report (with every rank's
+the failing iteration; :func:`conclude` completes the report (with every rank's
 findings under DDP), logs it and writes the bundle. Both run inside the
 update step, before the policy acts, so the parameters and optimizer state
 are still those before the failing step."""
@@ -9,7 +9,7 @@ import json
 import logging
 import os.path as osp
 import time
-from typing import Any, Callable, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from mmengine.optim import AmpOptimWrapper
@@ -106,10 +106,14 @@ class Material(NamedTuple):
     start: float
 
 
-def examine(runner, event, data_batch, rng_state, history_records, options,
-            divergence=None, start_weight=None, rewind=False,
-            replays=contextlib.nullcontext, start_attributes=None,
-            drop_refused=None) -> Tuple[Report, Material]:
+def examine(runner: Any, event: Any, data_batch: Any,
+            rng_state: Dict[str, Any],
+            history_records: Sequence[Dict[str, Any]], options: Any,
+            divergence: Optional[Any] = None,
+            start_weight: Optional[float] = None, rewind: bool = False,
+            replays: Callable[[], Any] = contextlib.nullcontext,
+            start_attributes: Optional[Any] = None,
+            drop_refused: Optional[str] = None) -> Tuple[Report, Material]:
     """Replay and diagnose a trigger (no bundle yet).
 
     Args:
@@ -195,9 +199,13 @@ def examine(runner, event, data_batch, rng_state, history_records, options,
                             lowered, replays, start)
 
 
-def write(runner, event, report, material, history_records, options,
-          level=logging.ERROR, findings=None, config_findings=(),
-          states=None, diagnosers=()) -> Tuple[Optional[str], list]:
+def conclude(runner: Any, event: Any, report: Report, material: Material,
+             history_records: Sequence[Dict[str, Any]], options: Any,
+             level: int = logging.ERROR,
+             findings: Optional[Sequence[Any]] = None,
+             config_findings: Sequence[Any] = (),
+             states: Optional[Any] = None,
+             diagnosers: Sequence[int] = ()) -> Tuple[Optional[str], list]:
     """Complete an examined trigger's report, log it, and write its bundle.
 
     Args:
@@ -300,6 +308,6 @@ def _config_text(cfg):
                          for key, value in cfg.to_dict().items()) + '\n'
 
 
-def default_dump_dir(runner):
+def default_dump_dir(runner: Any) -> str:
     """``{work_dir}/nan_dumps``."""
     return osp.join(runner.work_dir, 'nan_dumps')

@@ -31,8 +31,12 @@ keeps every replay on this rank:
   only, and an uninitialised tensor would be taken for it. The report
   counts each kind.
 """
+from __future__ import annotations
+
 import contextlib
 import functools
+from typing import (Any, Dict, Iterable, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 import torch
 import torch.distributed as dist
@@ -117,7 +121,8 @@ def _communicates(module):
         saved.restore()
 
 
-def communicating_modules(model):
+def communicating_modules(model: torch.nn.Module
+                          ) -> List[Tuple[str, torch.nn.Module]]:
     """``(name, module)`` of every module of ``model`` whose training
     forward communicates with other ranks."""
     known = _known_sync_types()
@@ -154,13 +159,13 @@ def _local_forward(module):
 class _Done(object):
     """The work handle of a collective answered locally (``async_op``)."""
 
-    def wait(self, *args, **kwargs):
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
         return True
 
-    def is_completed(self):
+    def is_completed(self) -> bool:
         return True
 
-    def is_success(self):
+    def is_success(self) -> bool:
         return True
 
 
@@ -287,19 +292,21 @@ class LocalReplays(object):
             answered on this rank.
     """
 
-    def __init__(self, modules, recorded=()):
+    def __init__(self, modules: List[str],
+                 recorded: Iterable[Tuple[Any, Any]] = ()) -> None:
         self.modules = modules
         self.calls = {}
         self.recorded = list(recorded)
         self.replayed = 0
         self._position = 0
 
-    def begin(self):
+    def begin(self) -> None:
         """A replay of the iteration starts: its collectives are matched
         with the train step's from the first on."""
         self._position = 0
 
-    def answer_recorded(self, name, args, kwargs):
+    def answer_recorded(self, name: str, args: Sequence[Any],
+                        kwargs: Dict[str, Any]) -> bool:
         """Answer the collective ``name`` with what the failing train step's
         call at this position got, if it is that call and its result is
         still as the collective left it.
@@ -322,7 +329,7 @@ class LocalReplays(object):
         self.replayed += 1
         return True
 
-    def describe(self):
+    def describe(self) -> Optional[str]:
         """One sentence for the report, or ``None`` when nothing was made
         local."""
         parts = []
@@ -353,7 +360,7 @@ class LocalReplays(object):
 _active = []
 
 
-def replay_begins():
+def replay_begins() -> None:
     """A replay of the failing iteration starts (its collectives are
     matched with the step's from the first on); nothing outside
     :func:`local_replays`."""
@@ -362,7 +369,9 @@ def replay_begins():
 
 
 @contextlib.contextmanager
-def local_replays(modules, recorded=()):
+def local_replays(modules: Iterable[Tuple[str, torch.nn.Module]],
+                  recorded: Iterable[Tuple[Any, Any]] = ()
+                  ) -> Iterator[LocalReplays]:
     """Replays on this rank alone while the block runs (under DDP).
 
     Args:

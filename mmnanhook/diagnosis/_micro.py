@@ -5,7 +5,10 @@ The check sees only the gradients summed over the micro-steps; a non-finite
 loss names its micro-step, a gradient-only fault does not. Replaying each
 micro-step's backward alone, from its own RNG state, finds it.
 """
+from __future__ import annotations
+
 import functools
+from typing import Any, Sequence, Tuple
 
 import torch
 
@@ -15,7 +18,8 @@ from ._session import ReplaySession
 from ._state import PreservedModelState, preserved_rng
 
 
-def locate_micro_step(event, model, steps):
+def locate_micro_step(event: Any, model: torch.nn.Module,
+                      steps: Sequence[Tuple[Any, ...]]) -> Any:
     """``event`` with the micro-step of a gradient-only trigger of several
     micro-steps found (:meth:`~mmnanhook.records.NonFiniteEvent.
     at_micro_step`); ``event`` itself otherwise.

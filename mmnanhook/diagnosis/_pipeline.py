@@ -7,11 +7,14 @@ afterwards: a run with a fix and the run without it (the control) draw alike,
 and the control tells whether the pipeline makes the bad box again at all.
 Failure path only.
 """
+from __future__ import annotations
+
 import contextlib
 import copy
 import logging
 import os.path as osp
 import random
+from typing import Any, Dict, Iterable, Optional
 
 import numpy as np
 import torch
@@ -69,13 +72,14 @@ class TrainPipeline(object):
         scope (str, optional): The config's ``default_scope``.
     """
 
-    def __init__(self, steps, dataset_type, scope=None):
+    def __init__(self, steps: Iterable[Any], dataset_type: str,
+                 scope: Optional[str] = None) -> None:
         self.steps = list(steps)
         self.dataset_type = dataset_type
         self.scope = scope
 
     @classmethod
-    def from_config(cls, cfg):
+    def from_config(cls, cfg: Any) -> Optional[TrainPipeline]:
         """The train pipeline of a config, or ``None`` when it has none a
         sample can be given to (no train dataloader, a ``ConcatDataset``
         whose datasets differ). Under a ``MultiImageMixDataset`` (mosaic)
@@ -93,7 +97,7 @@ class TrainPipeline(object):
                    str(dataset.get('type')), cfg.get('default_scope'))
 
     @property
-    def pack_at(self):
+    def pack_at(self) -> int:
         """Where a filter goes: before the step that packs the sample (after
         every resize, crop and flip), or last."""
         for index, step in enumerate(self.steps):
@@ -101,20 +105,20 @@ class TrainPipeline(object):
                 return index
         return len(self.steps)
 
-    def filter_step(self):
+    def filter_step(self) -> Dict[str, Any]:
         """The hint's ``FilterAnnotations`` step, named for the scope."""
         name = 'FilterAnnotations' if self.scope in (None, 'mmdet') else \
             'mmdet.FilterAnnotations'
         return dict(type=name, min_gt_bbox_wh=FILTER_MIN_WH)
 
-    def where(self):
+    def where(self) -> str:
         """Where :meth:`filter_step` goes, in words."""
         at = self.pack_at
         if at < len(self.steps):
             return 'before {}'.format(_type_name(self.steps[at]))
         return 'at its end'
 
-    def drops_outside_declared(self):
+    def drops_outside_declared(self) -> bool:
         """Whether the dataset drops, when it loads an annotation, the boxes
         outside the image size it declares (mmdet's ``CocoDataset`` and its
         subclasses skip a box with no overlap)."""
@@ -124,7 +128,8 @@ class TrainPipeline(object):
         return cls is not None and any(c.__name__ == 'CocoDataset'
                                        for c in cls.__mro__)
 
-    def run(self, info, with_filter=False):
+    def run(self, info: Dict[str, Any],
+            with_filter: bool = False) -> Optional[Dict[str, Any]]:
         """One sample through the pipeline.
 
         Args:
@@ -144,7 +149,7 @@ class TrainPipeline(object):
             return Compose(copy.deepcopy(steps))(copy.deepcopy(info))
 
 
-def filter_advice(pipeline):
+def filter_advice(pipeline: Optional[TrainPipeline]) -> str:
     """The fix that drops degenerate GT boxes, in words: the
     ``FilterAnnotations`` step named for the scope, where it goes.
 
@@ -160,7 +165,7 @@ def filter_advice(pipeline):
                 pipeline.where() if pipeline else 'before its packing step'))
 
 
-def train_pipeline(cfg):
+def train_pipeline(cfg: Any) -> Optional[TrainPipeline]:
     """:meth:`TrainPipeline.from_config`, or ``None`` (said in the log)
     when the config's cannot be read: the fixes that need it stay
     untested, the diagnosis goes on."""
@@ -178,7 +183,8 @@ def _scope(scope):
     return DefaultScope.overwrite_default_scope(scope)
 
 
-def with_declared_size(info, width, height, drops_outside):
+def with_declared_size(info: Dict[str, Any], width: int, height: int,
+                       drops_outside: bool) -> Dict[str, Any]:
     """A data info declaring another image size, as the dataset would have
     loaded the annotation had it declared that size.
 
@@ -207,7 +213,7 @@ def _overlaps(box, width, height):
     return inter_w * inter_h > 0
 
 
-def image_too_large(path):
+def image_too_large(path: str) -> Optional[str]:
     """Why the image at ``path`` is not read again, or ``None``."""
     try:
         size = osp.getsize(path)

@@ -14,10 +14,13 @@ Each is a context manager that undoes everything it installed on exit, also
 when the replay raises (fairseq's ``NanDetector`` style); all of it is too
 slow for every iteration and runs only in the tier-2 replay.
 """
+from __future__ import annotations
+
 import linecache
 import sys
 import weakref
 from collections import Counter
+from typing import Any, Optional, Set, Tuple
 
 import torch
 
@@ -40,7 +43,7 @@ def _patch_forward(module, make_wrapper):
 class _Patches(object):
     """Base of the context managers that patch module forwards."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._undo = []
 
     def _install(self):
@@ -95,7 +98,8 @@ class ForwardWatch(_Patches):
             (:class:`LineLocator` need not trace inside them).
     """
 
-    def __init__(self, model, claim_nodes=False, range_limit=None):
+    def __init__(self, model: torch.nn.Module, claim_nodes: bool = False,
+                 range_limit: Optional[float] = None) -> None:
         super(ForwardWatch, self).__init__()
         self.model = model
         self.claim_nodes = claim_nodes
@@ -108,7 +112,7 @@ class ForwardWatch(_Patches):
         self._calls = Counter()
         self._owner = {}
 
-    def owner(self, node):
+    def owner(self, node: Any) -> Optional[str]:
         """Dotted name of the module whose forward created ``node``, or None.
 
         Args:
@@ -116,7 +120,8 @@ class ForwardWatch(_Patches):
         """
         return self._owner.get(node)
 
-    def find_owner(self, op, location):
+    def find_owner(self, op: str,
+                   location: Optional[str]) -> Optional[str]:
         """Owner of the node named ``op`` created at ``location``, or None.
 
         For a node known only by name and anomaly traceback, e.g. the one an
@@ -239,7 +244,8 @@ class LineLocator(_Patches):
             source line) and ``op`` (the ``grad_fn`` of the tensor, if any).
     """
 
-    def __init__(self, module, call, name='', quiet=None):
+    def __init__(self, module: torch.nn.Module, call: int, name: str = '',
+                 quiet: Optional[Set[Tuple[str, int]]] = None) -> None:
         super(LineLocator, self).__init__()
         self.module = module
         self.call = call

@@ -1,9 +1,12 @@
 """A replay session: the failing iteration re-run, each time from the same
 start state, as ``BaseModel.train_step`` runs it (without the step)."""
+from __future__ import annotations
+
 import contextlib
 import copy
 import os
 import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -23,7 +26,7 @@ _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
 
 
-def device_type(model):
+def device_type(model: torch.nn.Module) -> str:
     for param in model.parameters():
         return param.device.type
     return 'cpu'
@@ -49,7 +52,9 @@ def _error_info(phase, error):
 class ReplaySession(object):
     """Replays of one batch on one model, each from the same start state."""
 
-    def __init__(self, model, data_batch, restore_rng, state, amp_dtype):
+    def __init__(self, model: Any, data_batch: Any,
+                 restore_rng: Optional[Callable[[], Any]], state: Any,
+                 amp_dtype: Optional[torch.dtype]) -> None:
         # Built before any replay graph, to free what a raising backward of
         # one leaves queued.
         self.drain = compat.BackwardDrain()
@@ -65,8 +70,9 @@ class ReplaySession(object):
             return contextlib.nullcontext()
         return compat.autocast(self.device_type, self.amp_dtype)
 
-    def run(self, batch=None, amp=True, forward_ctx=None,
-            watch_backward=False, anomaly=False, backward=True):
+    def run(self, batch: Any = None, amp: bool = True,
+            forward_ctx: Optional[Any] = None, watch_backward: bool = False,
+            anomaly: bool = False, backward: bool = True) -> ReplayResult:
         """Replay the iteration once, as ``BaseModel.train_step`` runs it.
 
         Args:
@@ -140,7 +146,8 @@ class ReplaySession(object):
             result.nonfinite_grads = [named[i][0] for i in bad]
 
 
-def replay_frames(frames):
+def replay_frames(frames: List[Tuple[str, int, str, str]]
+                  ) -> List[Tuple[str, int, str, str]]:
     """The frames of a stack below :meth:`_Session.run`.
 
     Frames above it are the caller of :func:`diagnose` (the hook, a test),
@@ -153,12 +160,14 @@ def replay_frames(frames):
     return frames
 
 
-def display_name(name):
+def display_name(name: Optional[str]) -> Optional[str]:
     """Report name of a module: ``None`` for the model itself."""
     return name or None
 
 
-def backward_detail(producer, owner):
+def backward_detail(producer: Dict[str, Any],
+                    owner: Optional[Callable[[Any], Optional[str]]]
+                    ) -> Origin:
     node = producer['node']
     frames = replay_frames(parse_frames(node_traceback(node) or ''))
     location, code = user_location(frames)
@@ -169,7 +178,8 @@ def backward_detail(producer, owner):
         inf=producer['inf'], stack=format_user_frames(frames))
 
 
-def forward_detail(producer, found):
+def forward_detail(producer: Dict[str, Any],
+                   found: Optional[Dict[str, Any]]) -> Origin:
     """The forward producer, refined by the line tracer's finding."""
     frames = replay_frames(producer['frames'])
     location, code = user_location(frames)

@@ -1,14 +1,17 @@
 """What a replay changes and must give back: RNG states, model state, and
 the Python state of the run (attributes of every module, the MessageHub's
 runtime info, the sampler and the dataset's transforms)."""
+from __future__ import annotations
+
 import contextlib
+from typing import Any, Iterator, Optional
 
 from .._mmengine import wrapped_datasets
 from ..memory import (Attributes, BufferSnapshot, capture_rng,
                       module_attributes, restore_rng)
 
 @contextlib.contextmanager
-def preserved_rng():
+def preserved_rng() -> Iterator[None]:
     """Put every RNG (torch CPU and CUDA, numpy, python) back on exit."""
     state = capture_rng()
     try:
@@ -36,7 +39,7 @@ def _run_objects(runner):
 
 
 @contextlib.contextmanager
-def preserved_run(runner, model):
+def preserved_run(runner: Any, model: Any) -> Iterator[None]:
     """Put the run back as it was on exit: the Python attributes of every
     module of ``model`` (its data preprocessor and batch augments
     included), and those of :func:`_run_objects`. The replays inside run
@@ -71,7 +74,8 @@ class PreservedModelState(object):
             run's back afterwards).
     """
 
-    def __init__(self, model, start=None):
+    def __init__(self, model: Any,
+                 start: Optional[Attributes] = None) -> None:
         self.model = model
         self.start = start
         self._grads = None
@@ -82,7 +86,7 @@ class PreservedModelState(object):
         self._buffers = BufferSnapshot(self.model)
         return self
 
-    def reset(self):
+    def reset(self) -> None:
         """Gradients to ``None`` and buffers to their saved values."""
         for param, _ in self._grads:
             param.grad = None

@@ -1,7 +1,10 @@
 """Scans of what the failing step started from: parameters, buffers and the
 optimizer state."""
+from __future__ import annotations
+
 import math
 from collections.abc import Mapping
+from typing import Any, Dict, Optional
 
 import torch
 
@@ -16,7 +19,7 @@ def _nonfinite_names(named_tensors):
             if first_nonfinite([tensor]) is not None]
 
 
-def largest_param(model):
+def largest_param(model: torch.nn.Module) -> Optional[Dict[str, Any]]:
     """The finite parameter of largest magnitude: ``name``, ``max_abs``
     (a host sync per parameter: failure path, or once per run)."""
     best = None
@@ -82,7 +85,8 @@ def _optimizer_state_problems(optimizer_state, model):
     return bad
 
 
-def scan_state(report, model, optimizer_state):
+def scan_state(report: Any, model: torch.nn.Module,
+               optimizer_state: Any) -> None:
     buffers = _nonfinite_names(model.named_buffers())
     # BN running statistics are written by the failing forward itself and
     # not read in train mode: non-finite ones are a symptom, not a cause.

@@ -1,5 +1,8 @@
 """Finding tensors in model outputs and telling which hold NaN or Inf."""
+from __future__ import annotations
+
 import weakref
+from typing import Dict, Iterable, Optional
 
 import torch
 
@@ -9,7 +12,8 @@ def _is_float(tensor):
             and tensor.numel() > 0)
 
 
-def first_nonfinite(tensors):
+def first_nonfinite(tensors: Iterable[Optional[torch.Tensor]]
+                    ) -> Optional[torch.Tensor]:
     """The first floating-point tensor holding NaN or Inf, else ``None``.
 
     Args:
@@ -31,10 +35,11 @@ class FiniteMemo(object):
     times or more.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._seen = {}
 
-    def first_nonfinite(self, tensors):
+    def first_nonfinite(self, tensors: Iterable[Optional[torch.Tensor]]
+                        ) -> Optional[torch.Tensor]:
         """As :func:`first_nonfinite`, skipping tensors seen finite."""
         for tensor in tensors:
             if tensor is None or not _is_float(tensor):
@@ -49,7 +54,7 @@ class FiniteMemo(object):
         return None
 
 
-def max_abs(tensors):
+def max_abs(tensors: Iterable[torch.Tensor]) -> float:
     """Largest absolute value over floating-point ``tensors`` (0.0 if none).
 
     Args:
@@ -62,7 +67,7 @@ def max_abs(tensors):
     return best
 
 
-def count_nonfinite(tensor):
+def count_nonfinite(tensor: torch.Tensor) -> Dict[str, int]:
     """``{'nan': n, 'inf': m}`` counts of a tensor.
 
     Args:

@@ -21,9 +21,11 @@ without it (the clean comparison is between those two):
 * with several ranks and no GPU, the gloo backend and DDP without device
   ids.
 """
+from __future__ import annotations
+
 import copy
 import os.path as osp
-from typing import Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import torch
 
@@ -41,7 +43,8 @@ HOOK_TYPES = ('NanDetectHook', 'mmnanhook.NanDetectHook')
 BATCH = 2
 
 
-def dataset_configs(dataset):
+def dataset_configs(dataset: Dict[str, Any]
+                    ) -> Iterator[Dict[str, Any]]:
     """Every dataset config inside ``dataset`` (wrappers, Concat members),
     outermost first."""
     yield dataset
@@ -59,7 +62,7 @@ def _leaves(cfg):
             if 'dataset' not in d and not d.get('datasets')]
 
 
-def rescale(cfg, factor):
+def rescale(cfg: Any, factor: float) -> None:
     """Multiply every image size of the train pipelines (and of a
     ``PipelineSwitchHook``'s second pipeline, a preprocessor's ``size`` and
     batch augments) by ``factor``; in place.
@@ -100,7 +103,7 @@ def _scaled(value, factor):
     return value
 
 
-def short_side(cfg):
+def short_side(cfg: Any) -> Optional[int]:
     """The short side of the train pipeline's image scale (the largest,
     where it picks among several), or ``None`` where no step says one."""
     for dataset in dataset_configs(cfg.train_dataloader.dataset):
@@ -122,7 +125,7 @@ def _sides(value):
     return []
 
 
-def data_format(cfg):
+def data_format(cfg: Any) -> Optional[str]:
     """The format a synthetic stand-in of the config's data is written in:
     ``'coco'``, ``'coco_masks'``, ``'voc'`` or ``'dota'``; ``None`` for
     another."""
@@ -144,7 +147,8 @@ def _with_mask(node):
     return any(d.get('with_mask') is True for _, d in config_dicts(node))
 
 
-def write_synthetic(kind, root, num_images, seed=0):
+def write_synthetic(kind: str, root: str, num_images: int,
+                    seed: int = 0) -> Dict[str, Any]:
     """Write ``num_images`` synthetic 320 px images in ``kind``'s format
     under ``root``.
 
@@ -166,7 +170,7 @@ def write_synthetic(kind, root, num_images, seed=0):
                                        image_size=side, seed=seed)
 
 
-def point_at(cfg, kind, data):
+def point_at(cfg: Any, kind: str, data: Dict[str, Any]) -> None:
     """Every dataset of the config that reads files reads ``data`` (its
     pipeline and filters as they are); in place."""
     root = data['data_root']
@@ -205,7 +209,7 @@ def _undownloaded(node):
     return count
 
 
-def hook_config(cfg):
+def hook_config(cfg: Any) -> Optional[Dict[str, Any]]:
     """NanDetectHook's config in ``cfg`` (``default_hooks`` or
     ``custom_hooks``), or ``None``."""
     for hook in list((cfg.get('default_hooks') or {}).values()) + list(
@@ -215,7 +219,7 @@ def hook_config(cfg):
     return None
 
 
-def without_hook(cfg):
+def without_hook(cfg: Any) -> Any:
     """``cfg`` with NanDetectHook taken out (a copy)."""
     cfg = copy.deepcopy(cfg)
     hooks = cfg.get('default_hooks') or {}
@@ -238,7 +242,8 @@ class Prepared(object):
         changes (list[str]): What the drill changed, for the user.
     """
 
-    def __init__(self, cfg, data, changes):
+    def __init__(self, cfg: Any, data: str,
+                 changes: List[str]) -> None:
         self.cfg = cfg
         self.data = data
         self.changes = changes

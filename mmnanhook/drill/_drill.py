@@ -9,6 +9,8 @@ that dies is recorded as such and the remaining runs go on in a new process
 (one process: under a launcher, the ranks' process group cannot be made
 again); a run that takes longer than ``timeout`` seconds is killed.
 """
+from __future__ import annotations
+
 import json
 import os
 import os.path as osp
@@ -16,7 +18,7 @@ import signal
 import sys
 import tempfile
 import time
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .._child import Child
 from ..errors import DatasetError
@@ -43,17 +45,18 @@ class Drill(object):
         changes (list[str]): What the drill changed of the config.
     """
 
-    def __init__(self, verdicts, work_dir, changes):
+    def __init__(self, verdicts: List[Any], work_dir: str,
+                 changes: List[str]) -> None:
         self.verdicts = verdicts
         self.work_dir = work_dir
         self.changes = changes
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         """Whether every verdict holds."""
         return all(v.ok for v in self.verdicts)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return dict(ok=self.ok, work_dir=self.work_dir, changes=self.changes,
                     verdicts=[v.to_dict() for v in self.verdicts])
 

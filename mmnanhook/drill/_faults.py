@@ -10,7 +10,7 @@
 The fault stays planted for the whole iteration, so a replay of it by the
 diagnosis meets the same fault, as it would meet a real one.
 """
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 from mmengine.hooks import Hook
@@ -34,7 +34,7 @@ class Planted(object):
             finite when the iteration ended (``None``: it did not end).
     """
 
-    def __init__(self, kind, iter, rank):
+    def __init__(self, kind: str, iter: int, rank: int) -> None:
         self.kind = kind
         self.iter = iter
         self.rank = rank
@@ -42,7 +42,7 @@ class Planted(object):
         self.hit = False
         self.finite_after = None
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As the drill's results file holds it."""
         return dict(vars(self))
 
@@ -79,7 +79,7 @@ class FaultInjector(Hook):
         self._at = self._armed = False
         self._handles = []
 
-    def before_train(self, runner) -> None:
+    def before_train(self, runner: Any) -> None:
         model = unwrap_model(runner.model)
         if self.planted.kind == 'loss':
             self._handles.append(model.register_forward_hook(self._loss))
@@ -88,7 +88,7 @@ class FaultInjector(Hook):
                 p.register_hook(self._grad(name))
                 for name, p in model.named_parameters() if p.requires_grad)
 
-    def before_train_iter(self, runner, batch_idx: int,
+    def before_train_iter(self, runner: Any, batch_idx: int,
                           data_batch: Optional[dict] = None) -> None:
         self._at = runner.iter == self.planted.iter
         self._armed = self._at and runner.rank == self.planted.rank
@@ -97,15 +97,16 @@ class FaultInjector(Hook):
             if self.planted.kind == 'data':
                 self._poison_batch(data_batch)
 
-    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
-                         outputs=None) -> None:
+    def after_train_iter(self, runner: Any, batch_idx: int,
+                         data_batch: Any = None,
+                         outputs: Optional[dict] = None) -> None:
         if self._at:
             self.planted.finite_after = all(
                 bool(torch.isfinite(p).all())
                 for p in unwrap_model(runner.model).parameters())
         self._at = self._armed = False
 
-    def after_train(self, runner) -> None:
+    def after_train(self, runner: Any) -> None:
         self.remove()
 
     def remove(self) -> None:

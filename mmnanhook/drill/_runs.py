@@ -4,13 +4,15 @@ with it, then one run per fault; after each, what it did is written to this
 rank's results file (atomically), so that the process that started them
 knows which run was under way should this one die (an op's SIGSEGV).
 """
+from __future__ import annotations
+
 import copy
 import json
 import math
 import os
 import os.path as osp
 import traceback
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import torch
 from mmengine.hooks import Hook
@@ -25,12 +27,12 @@ CLEAN_WITHOUT, CLEAN = 'clean_without', 'clean'
 _SCALARS = ('nan_skipped', 'samples_dropped', 'rewinds')
 
 
-def results_path(work_dir, rank):
+def results_path(work_dir: str, rank: int) -> str:
     """This rank's results file."""
     return osp.join(work_dir, 'results.rank{}.json'.format(rank))
 
 
-def read_results(path):
+def read_results(path: str) -> Dict[str, Any]:
     """A results file (``{}`` while none was written)."""
     try:
         with open(path) as f:
@@ -39,7 +41,7 @@ def read_results(path):
         return {}
 
 
-def write_results(path, results):
+def write_results(path: str, results: Dict[str, Any]) -> None:
     """Write a results file atomically (its reader may look at any time)."""
     with open(path + '.tmp', 'w') as f:
         json.dump(results, f, indent=1, sort_keys=True)
@@ -51,11 +53,12 @@ class _Probe(Hook):
 
     priority = 'LOWEST'
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.losses, self.lrs = [], []
 
-    def after_train_iter(self, runner, batch_idx, data_batch=None,
-                         outputs=None):
+    def after_train_iter(self, runner: Any, batch_idx: int,
+                         data_batch: Any = None,
+                         outputs: Optional[dict] = None) -> None:
         loss = (outputs or {}).get('loss')
         self.losses.append(None if loss is None else float(loss))
         # get_lr: an OptimWrapperDict's too (mmagic's GANs).
@@ -83,7 +86,8 @@ def _same_tensor(a, b):
                                      .all())
 
 
-def first_difference(a, b, path: str = 'state') -> Optional[str]:
+def first_difference(a: Any, b: Any,
+                     path: str = 'state') -> Optional[str]:
     """Where ``a`` and ``b`` (tensors in nested dicts and lists) differ
     first, bitwise; ``None`` when they do not."""
     if torch.is_tensor(a) or torch.is_tensor(b):

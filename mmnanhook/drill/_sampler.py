@@ -4,7 +4,10 @@ The drill shortens a run without changing which sampler orders the data:
 the user's (``DefaultSampler``, ``InfiniteSampler``, a codebase's own) is
 built as configured and cut after ``length`` indices of this rank.
 """
+from __future__ import annotations
+
 import itertools
+from typing import Any, Dict, Optional
 
 from mmengine.registry import DATA_SAMPLERS
 from torch.utils.data import Sampler
@@ -21,7 +24,8 @@ class DrillSampler(Sampler):
         seed (int, optional): The run's seed (given by the Runner).
     """
 
-    def __init__(self, dataset, sampler, length, seed=None):
+    def __init__(self, dataset: Any, sampler: Dict[str, Any], length: int,
+                 seed: Optional[int] = None) -> None:
         # No Sampler.__init__: its argument changed across torch versions,
         # and it keeps nothing (mmdet's batch samplers check the class).
         self.sampler = DATA_SAMPLERS.build(
@@ -44,7 +48,7 @@ class DrillSampler(Sampler):
         except TypeError:  # an endless sampler
             return self.length
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Handed on to the user's sampler."""
         if hasattr(self.sampler, 'set_epoch'):
             self.sampler.set_epoch(epoch)

@@ -13,6 +13,10 @@ must never do.
 Registered as ``CpuSyncBN`` in mmengine's root ``MODELS``, beside mmcv's
 ``BN`` / ``SyncBN`` / ``MMSyncBN``: ``norm_cfg=dict(type='CpuSyncBN')``.
 """
+from __future__ import annotations
+
+from typing import Any, Tuple
+
 import torch
 import torch.distributed as dist
 from mmengine.registry import MODELS
@@ -25,13 +29,13 @@ class _AllReduceSum(torch.autograd.Function):
     """A sum over the ranks whose gradient is the ranks' summed gradient."""
 
     @staticmethod
-    def forward(ctx, tensor):
+    def forward(ctx: Any, tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor.clone()
         dist.all_reduce(tensor)
         return tensor
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.clone()
         dist.all_reduce(grad)
         return grad
@@ -56,7 +60,7 @@ class CpuSyncBatchNorm(_BatchNorm):
             raise ValueError('expected at least 2D input (got {}D input)'
                              .format(input.dim()))
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (self.training and _synced()):
             return super().forward(input)
         self._check_input_dim(input)
@@ -90,7 +94,8 @@ class CpuSyncBatchNorm(_BatchNorm):
 _CONVERTING = {'RTMDet': True}
 
 
-def use_cpu_syncbn(cfg, types=('SyncBN', 'MMSyncBN')):
+def use_cpu_syncbn(cfg: Any,
+                   types: Tuple[str, ...] = ('SyncBN', 'MMSyncBN')) -> int:
     """Every ``norm_cfg`` of ``types`` in a config's model set to
     ``CpuSyncBN``, and a model's own conversion to torch's
     ``SyncBatchNorm`` (RTMDet's ``use_syncbn``) turned off: its ``BN``

@@ -1,6 +1,8 @@
 """What a drill's runs mean: one :class:`Verdict` for the clean run, one
 per fault, each a few :class:`Check` lines that hold or do not."""
-from typing import List, Optional
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
 
 
 class Check(object):
@@ -18,7 +20,7 @@ class Check(object):
         self.ok = bool(ok)
         self.detail = detail
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return dict(name=self.name, ok=self.ok, detail=self.detail)
 
 
@@ -47,14 +49,14 @@ class Verdict(object):
         """The first check that does not hold, or ``None``."""
         return next((c for c in self.checks if not c.ok), None)
 
-    def lines(self):
+    def lines(self) -> List[str]:
         """The verdict as the terminal shows it."""
         head = '{:<6} {}'.format(self.run, 'holds' if self.ok else 'FAILS')
         return [head] + ['  {} {:<9} {}'.format('ok ' if c.ok else 'NO ',
                                                 c.name, c.detail)
                          for c in self.checks]
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return dict(run=self.run, rank=self.rank, ok=self.ok,
                     checks=[c.to_dict() for c in self.checks])
 

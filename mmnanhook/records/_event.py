@@ -107,7 +107,7 @@ class NonFiniteEvent(object):
         self.shared = bool(shared)
         self.bad_grad_iter = bad_grad_iter
 
-    def at_micro_step(self, iter):
+    def at_micro_step(self, iter: Optional[int]) -> NonFiniteEvent:
         """This event with its micro-step found: a copy whose
         ``bad_grad_iter`` is ``iter``."""
         located = copy.copy(self)
@@ -115,7 +115,7 @@ class NonFiniteEvent(object):
         return located
 
     @property
-    def fail_iter(self):
+    def fail_iter(self) -> Optional[int]:
         """The iteration whose batch to replay: the bad micro-step's (by its
         loss, or by its gradients alone), if any."""
         if self.bad_loss_iters:

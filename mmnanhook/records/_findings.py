@@ -5,7 +5,7 @@ replay's measurements.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Set, Union
 
 from ._event import _StrEnum
 
@@ -91,17 +91,17 @@ class SampleFinding(object):
         self.problems = list(problems or [])
 
     @property
-    def categories(self):
+    def categories(self) -> Set[Optional[ProblemCategory]]:
         """The categories of its problems."""
         return set(p.category for p in self.problems)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As ``report.json`` stores it: problems as their sentences."""
         return {'index': self.index, 'img_path': self.img_path,
                 'problems': [p.text for p in self.problems]}
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Dict[str, Any]) -> SampleFinding:
         """Read back :meth:`to_dict` (problem categories unknown)."""
         return cls(data.get('index'), data.get('img_path'),
                    [DataProblem(None, text)
@@ -177,18 +177,18 @@ class RankFinding(object):
         self.error = error if self.raises else None
 
     @property
-    def culprit(self):
+    def culprit(self) -> bool:
         """Whether samples of its own batch made the failure."""
         return bool(self.samples)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As ``report.json`` stores it (and the ranks exchange it)."""
         data = dict((name, getattr(self, name)) for name in self.__slots__)
         data['samples'] = [s.to_dict() for s in self.samples]
         return data
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Dict[str, Any]) -> RankFinding:
         """Read back :meth:`to_dict`."""
         data = dict((k, data.get(k)) for k in cls.__slots__)
         data['samples'] = [SampleFinding.from_dict(s)
@@ -222,17 +222,17 @@ class ConfigFinding(object):
         self.why = why
         self.fix = fix
 
-    def line(self):
+    def line(self) -> str:
         """One line: what, where, why, the fix."""
         return '[{}] {}: {} (seen in {}); fix: {}'.format(
             self.rule, self.where, self.what, self.why, self.fix)
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As ``report.json`` stores it."""
         return dict((name, getattr(self, name)) for name in self.__slots__)
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Dict[str, Any]) -> ConfigFinding:
         """Read back :meth:`to_dict`."""
         return cls(**dict((k, data.get(k)) for k in cls.__slots__))
 
@@ -258,7 +258,7 @@ class ReplayResult(object):
             non-finite gradient from finite ones.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.losses = {}
         self.nonfinite_losses = []
         self.grad_norm = None
@@ -270,7 +270,7 @@ class ReplayResult(object):
         self.backward = None
 
     @property
-    def nonfinite(self):
+    def nonfinite(self) -> bool:
         """Whether the replay reproduced a non-finite value."""
         norm_bad = (self.grad_norm is not None
                     and not math.isfinite(self.grad_norm))

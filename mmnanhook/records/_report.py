@@ -5,7 +5,7 @@ first non-finite value was made, where a divergence began.
 from __future__ import annotations
 
 import dataclasses
-from typing import List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ._event import _StrEnum
 from ._findings import KINDS, ConfigFinding, Kind, RankFinding, SampleFinding
@@ -58,14 +58,14 @@ class Fix(object):
         self.hint = hint
 
     @property
-    def status(self):
+    def status(self) -> str:
         """``'verified'`` (finite with it), ``'refuted'`` (still
         non-finite) or ``'untested'``."""
         if self.finite is None:
             return 'untested'
         return 'verified' if self.finite else 'refuted'
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As ``report.json`` stores it."""
         data = dict((name, getattr(self, name)) for name in self.__slots__)
         data['kind'] = self.kind.value
@@ -73,7 +73,7 @@ class Fix(object):
         return data
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Dict[str, Any]) -> Fix:
         """Read back :meth:`to_dict`."""
         return cls(**dict((k, data.get(k)) for k in cls.__slots__))
 
@@ -116,7 +116,7 @@ class Origin(object):
     stack: Optional[str] = None
     call: Optional[str] = None
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As ``report.json`` stores it (``stack`` and ``call`` only where
         set)."""
         data = dataclasses.asdict(self)
@@ -126,7 +126,7 @@ class Origin(object):
         return data
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Optional[Dict[str, Any]]) -> Optional[Origin]:
         """Read back :meth:`to_dict`; ``None`` stays ``None``."""
         if data is None:
             return None
@@ -175,12 +175,13 @@ class Divergence(object):
     amp: bool = False
     symptom_kind: Optional[str] = None
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         """As ``report.json`` and the manifest store it."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Optional[Dict[str, Any]]
+                  ) -> Optional[Divergence]:
         """Read back :meth:`to_dict`; ``None`` (or an empty record) stays
         ``None``."""
         if not data:
@@ -286,7 +287,7 @@ class Report(object):
         **fields: Initial values; the others take their defaults.
     """
 
-    def __init__(self, **fields) -> None:
+    def __init__(self, **fields: Any) -> None:
         for name, default in _REPORT_FIELDS:
             setattr(self, name,
                     fields.pop(name) if name in fields else
@@ -296,12 +297,12 @@ class Report(object):
                             ', '.join(sorted(fields)))
 
     @property
-    def kind(self):
+    def kind(self) -> Optional[Kind]:
         """The :class:`Kind` of the failure, ``None`` until classified."""
         return self._kind
 
     @kind.setter
-    def kind(self, value):
+    def kind(self, value: Union[Kind, str, None]) -> None:
         self._kind = None if value is None else Kind(value)
 
     def verified_fix(self) -> Optional[Fix]:
@@ -326,7 +327,7 @@ class Report(object):
         return data
 
     @classmethod
-    def from_dict(cls, data):
+    def from_dict(cls, data: Optional[Dict[str, Any]]) -> Report:
         """Read a ``report.json`` back (missing fields take defaults)."""
         known = dict((k, v) for k, v in (data or {}).items()
                      if k in dict(_REPORT_FIELDS))

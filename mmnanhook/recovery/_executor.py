@@ -9,7 +9,7 @@ used falls back to (``SKIP``), is decided here and nowhere else.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from ..records import NonFiniteEvent
 from ._answer import Answer
@@ -33,7 +33,7 @@ class Step(object):
         """
         raise NotImplementedError
 
-    def recompute(self, drop) -> Optional[bool]:
+    def recompute(self, drop: Any) -> Optional[bool]:
         """The step again without the samples of ``drop`` (a
         :class:`~mmnanhook.sentinel.Recomputation`).
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ..errors import NonFiniteError
 from ..records import Culprit, Kind, NonFiniteEvent
@@ -139,8 +139,10 @@ class Plan(object):
     escalate: Optional[str] = None
     nonfinite_only: bool = False
 
-    def after_diagnosis(self, event: NonFiniteEvent, report=None,
-                        findings=None) -> Tuple[bool, List[Culprit]]:
+    def after_diagnosis(self, event: NonFiniteEvent,
+                        report: Optional[Any] = None,
+                        findings: Optional[Sequence[Any]] = None
+                        ) -> Tuple[bool, List[Culprit]]:
         """What the diagnosis leads to before the step's fate.
 
         Args:

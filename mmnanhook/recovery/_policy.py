@@ -48,7 +48,7 @@ training. The fallbacks and limits, each a row of :meth:`Policy.plan`:
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Any, Optional
 
 from ..options import CheckOptions, RewindOptions
 from ..records import Trigger
@@ -72,7 +72,7 @@ class Policy(object):
 
     def __init__(self, options: CheckOptions,
                  rewind: Optional[RewindOptions] = None,
-                 quarantine_skips: bool = False):
+                 quarantine_skips: bool = False) -> None:
         self.options = options
         self.rewind = rewind
         self.quarantine_skips = quarantine_skips
@@ -126,7 +126,7 @@ class Policy(object):
                     "the optim wrapper policy='skip'")
         return None
 
-    def of(self, event) -> str:
+    def of(self, event: Any) -> str:
         """The policy that handles ``event``."""
         if event.trigger == Trigger.SPIKE:
             return self.options.spike_policy

@@ -7,6 +7,10 @@ exchange them, and each takes the same :class:`DropDecision` from all of
 them (:func:`drop_decision`): the step is recomputed without the culprits'
 samples on their ranks, or skipped on every rank, saying why.
 """
+from __future__ import annotations
+
+from typing import Any, Iterable, List, Optional, Sequence, Tuple
+
 from .._batch import batch_size
 from ..records import NONFINITE_DATA, Culprit, Kind, RankFinding
 
@@ -16,7 +20,7 @@ from ..records import NONFINITE_DATA, Culprit, Kind, RankFinding
 _DATA_KINDS = (Kind.DATA, Kind.FORWARD, Kind.BACKWARD)
 
 
-def drop_unavailable(wrappers):
+def drop_unavailable(wrappers: int) -> Optional[str]:
     """Why ``'drop'`` can only do what ``'skip'`` does in this run, or
     ``None``.
 
@@ -29,7 +33,9 @@ def drop_unavailable(wrappers):
     return None
 
 
-def samples_to_drop(report, batch_size, whole=False):
+def samples_to_drop(report: Optional[Any], batch_size: Optional[int],
+                    whole: bool = False
+                    ) -> Tuple[Optional[List[int]], Optional[str]]:
     """The batch positions a drop leaves out, or why none can be.
 
     Args:
@@ -58,7 +64,7 @@ def samples_to_drop(report, batch_size, whole=False):
     return indices, None
 
 
-def raised_by_nonfinite(report):
+def raised_by_nonfinite(report: Optional[Any]) -> bool:
     """Whether a forward that raised did so because of non-finite values
     (its diagnosis found where the forward made them, or a sample whose
     data is not finite): the policy applies, instead of re-raising.
@@ -70,8 +76,10 @@ def raised_by_nonfinite(report):
                                    report.kind == Kind.DATA)
 
 
-def rank_finding(rank, report=None, data_batch=None, iter=None,
-                 raises=False, error=None):
+def rank_finding(rank: int, report: Optional[Any] = None,
+                 data_batch: Any = None, iter: Optional[int] = None,
+                 raises: bool = False,
+                 error: Optional[str] = None) -> RankFinding:
     """This rank's :class:`~mmnanhook.records.RankFinding` of a trigger.
 
     Args:
@@ -94,7 +102,8 @@ def rank_finding(rank, report=None, data_batch=None, iter=None,
         nonfinite, report.kind != Kind.NOT_REPRODUCED, raises, error)
 
 
-def received(finding, findings):
+def received(finding: RankFinding,
+             findings: Iterable[RankFinding]) -> bool:
     """Whether ``finding``'s rank only received the failure: its own batch
     replays finite alone while samples of another rank fail (through SyncBN
     statistics, or its forward raised on them)."""
@@ -102,7 +111,8 @@ def received(finding, findings):
         f.culprit for f in findings if f.rank != finding.rank)
 
 
-def data_culprits(event, findings):
+def data_culprits(event: Any, findings: Sequence[RankFinding]
+                  ) -> Tuple[bool, List[Culprit]]:
     """Whether every rank's findings put the failure on data, and the
     findings of the samples that made it, on all ranks.
 
@@ -129,30 +139,32 @@ class DropDecision(object):
         reason (str, optional): Why every rank skips instead.
     """
 
-    def __init__(self, culprits=(), world_size=1, reason=None):
+    def __init__(self, culprits: Iterable[RankFinding] = (),
+                 world_size: int = 1, reason: Optional[str] = None) -> None:
         self.culprits = dict((f.rank, f) for f in culprits)
         self.world_size = world_size
         self.reason = reason
 
-    def indices(self, rank):
+    def indices(self, rank: int) -> List[int]:
         """Batch positions ``rank`` leaves out (of its batch at
         :meth:`iter`)."""
         finding = self.culprits.get(rank)
         return list(finding.drop) if finding is not None else []
 
-    def iter(self, rank, default):
+    def iter(self, rank: int,
+             default: Optional[int]) -> Optional[int]:
         """The iteration whose batch ``rank`` leaves samples out of."""
         finding = self.culprits.get(rank)
         return finding.iter if finding is not None else default
 
-    def empty(self, rank):
+    def empty(self, rank: int) -> bool:
         """Whether ``rank`` leaves its whole batch out: it takes part with
         a zero loss that touches every parameter."""
         finding = self.culprits.get(rank)
         return finding is not None and len(finding.drop) >= (
             finding.batch_size or 0)
 
-    def factor(self, iter):
+    def factor(self, iter: Optional[int]) -> float:
         """What the losses of iteration ``iter`` are multiplied by on the
         ranks that have samples in it, so that DDP's mean over the ranks is
         the mean over those: ``world_size / (world_size - empty ranks)``."""
@@ -161,19 +173,21 @@ class DropDecision(object):
         return float(self.world_size) / (self.world_size - empty)
 
     @property
-    def dropped(self):
+    def dropped(self) -> int:
         """Samples left out on all ranks together."""
         return sum(len(f.drop) for f in self.culprits.values())
 
     @property
-    def found(self):
+    def found(self) -> List[Culprit]:
         """Every sample left out, on all ranks (what the quarantine lists):
         :class:`~mmnanhook.records.Culprit` s."""
         return [Culprit(s, f.rank) for f in self.culprits.values()
                 for s in f.samples if s.index in f.drop]
 
 
-def drop_decision(findings, world_size, communicates, can_zero=True):
+def drop_decision(findings: Sequence[RankFinding], world_size: int,
+                  communicates: Sequence[str],
+                  can_zero: bool = True) -> DropDecision:
     """The one drop every rank takes, from every rank's finding.
 
     Args:

@@ -8,7 +8,10 @@ states, buffers, the history), the snapshots of ``'rewind'``, the dropper and
 the quarantine, and what the current step came to. A trigger is carried out
 by its :class:`~._trigger.TriggerProcedure`.
 """
+from __future__ import annotations
+
 import functools
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -47,7 +50,8 @@ class HookRun(Listener):
             explain it.
     """
 
-    def __init__(self, options, runner, history, config_findings=()):
+    def __init__(self, options: Any, runner: Any, history: Any,
+                 config_findings: Sequence[Any] = ()) -> None:
         self.options = options
         self.policy = Policy(options.check, options.rewind,
                              options.quarantine.quarantine_skips)
@@ -137,7 +141,7 @@ class HookRun(Listener):
             module, 'parse_losses', self._wrap_parse_losses(
                 module.parse_losses))
 
-    def close(self):
+    def close(self) -> None:
         """Undo every change and let go of what the run kept (again: a
         no-op)."""
         if self._restore_parse is not None:
@@ -175,13 +179,14 @@ class HookRun(Listener):
         return compat.not_traced(nan_detect_parse_losses)
 
     @property
-    def sentinel(self):
+    def sentinel(self) -> Any:
         """The sentinel of the (first) optim wrapper."""
         return self.handle.sentinels[0]
 
     # -- per train step ----------------------------------------------------
 
-    def train_step(self, train_step, args, kwargs):
+    def train_step(self, train_step: Callable[..., Any], args: Sequence[Any],
+                   kwargs: Dict[str, Any]) -> Any:
         """The model's ``train_step`` under the checks; raises what it does
         not handle (the hook then ends the run's changes)."""
         state = compat.anomaly_state()
@@ -276,7 +281,7 @@ class HookRun(Listener):
             (', '.join(type(w).__name__ for w in self.handle.wrappers),
              self.options.check.policy, self.options.anomaly, runner.iter))
 
-    def after_iter(self, outputs):
+    def after_iter(self, outputs: Any) -> None:
         """Keep the iteration's history; forget the non-finite scalars of a
         micro-step whose update step will not be applied as it is.
         (Host floats already synced, ours and RuntimeInfoHook's: no sync.)
@@ -316,23 +321,24 @@ class HookRun(Listener):
 
     # -- what the sentinels tell -------------------------------------------
 
-    def loss_terms(self, loss):
+    def loss_terms(self, loss: torch.Tensor
+                   ) -> Optional[Dict[str, Any]]:
         parsed, self.parsed = self.parsed, None
         if parsed is None or parsed[0] is not loss:
             return None
         return loss_terms(parsed[1])
 
-    def settle(self):
+    def settle(self) -> None:
         """Wait for the newest snapshot's copy: before anything changes
         the parameters or optimizer state it copies (an update step; EMA's
         swap of the weights for validation)."""
         if self.rewinder is not None:
             self.rewinder.store.settle()
 
-    def on_resolved(self, applied):
+    def on_resolved(self, applied: bool) -> None:
         self.step.applied = applied
 
-    def on_spike(self, spikes):
+    def on_spike(self, spikes: List[Any]) -> None:
         for spike in spikes:
             self.logger.warning('mmnanhook: %r' % (spike, ))
         self.step.spikes = [spike.series for spike in spikes]
@@ -343,11 +349,11 @@ class HookRun(Listener):
             # The first spike of a run: the norms it is measured from.
             self.spike_norms = self.param_norms()
 
-    def param_norms(self):
+    def param_norms(self) -> Dict[str, float]:
         """The norms of the model's parameters now."""
         return param_norms(unwrap_model(self.runner.model))
 
-    def event_record(self, event):
+    def event_record(self, event: Any) -> Dict[str, Any]:
         """The history record of ``event``'s iteration."""
         return self._record(loss=event.losses.get('loss'),
                             grad_norm=event.grad_norm,

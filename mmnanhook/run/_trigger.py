@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import traceback
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -52,8 +52,8 @@ class TriggerProcedure(object):
             their forward (DDP).
     """
 
-    def __init__(self, run, diagnostician: Diagnostician,
-                 communicating=()) -> None:
+    def __init__(self, run: Any, diagnostician: Diagnostician,
+                 communicating: Iterable[Tuple[str, Any]] = ()) -> None:
         self.run = run
         self.diagnostician = diagnostician
         self.communicating = list(communicating)
@@ -262,7 +262,8 @@ class _ForwardStep(Step):
             decision is carried out (``None``: re-raise ``exc``).
     """
 
-    def __init__(self, run, exc: Exception, train_step: Callable) -> None:
+    def __init__(self, run: Any, exc: Exception,
+                 train_step: Callable) -> None:
         self.run = run
         self.exc = exc
         self.train_step = train_step

@@ -12,7 +12,10 @@ one small tensor, so every rank takes the same decision in the same
 iteration. Loss, gradient norm, loss scale and flags reach the host in one
 sync.
 """
+from __future__ import annotations
+
 import math
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 import torch
 from mmengine.dist import all_reduce, get_dist_info
@@ -42,7 +45,8 @@ class MicroStep(object):
 
     __slots__ = ('iter', 'loss', 'terms')
 
-    def __init__(self, iter, loss, terms=None):
+    def __init__(self, iter: Optional[int], loss: torch.Tensor,
+                 terms: Optional[Dict[str, Any]] = None) -> None:
         self.iter = iter
         self.loss = loss
         self.terms = terms
@@ -59,12 +63,15 @@ class StepContext(object):
             ``'param #i (shape)'`` without.
     """
 
-    def __init__(self, iter=None, epoch=None, name_params=None):
+    def __init__(self, iter: Optional[int] = None,
+                 epoch: Optional[int] = None,
+                 name_params: Optional[Callable[..., List[str]]] = None
+                 ) -> None:
         self.iter = iter
         self.epoch = epoch
         self.name_params = name_params
 
-    def where(self, rank, world_size):
+    def where(self, rank: int, world_size: int) -> str:
         return 'iter %s (epoch %s), rank %d of %d' % (self.iter, self.epoch,
                                                       rank, world_size)
 
@@ -85,8 +92,10 @@ class StepOutcome(object):
     __slots__ = ('grad_norm', 'loss_scale', 'total', 'event', 'loss',
                  'spikes')
 
-    def __init__(self, grad_norm, loss_scale, total, event=None, loss=None,
-                 spikes=None):
+    def __init__(self, grad_norm: float, loss_scale: Optional[float],
+                 total: torch.Tensor, event: Optional[NonFiniteEvent] = None,
+                 loss: Optional[float] = None,
+                 spikes: Optional[Iterable[Any]] = None) -> None:
         self.grad_norm = grad_norm
         self.loss_scale = loss_scale
         self.total = total
@@ -113,7 +122,8 @@ class StepCheck(object):
         policy (Policy, optional): The run's; one of ``options`` by default.
     """
 
-    def __init__(self, options, policy=None):
+    def __init__(self, options: Any, policy: Optional[Policy] = None
+                 ) -> None:
         self.options = options
         self.policy = policy or Policy(options)
         self.spikes = None if options.spike_policy is None else \
@@ -128,7 +138,8 @@ class StepCheck(object):
         self.checks = 0
         self.records = 0
 
-    def record(self, iter, loss, terms=None):
+    def record(self, iter: Optional[int], loss: torch.Tensor,
+               terms: Optional[Dict[str, Any]] = None) -> None:
         """Keep the loss of one backward for the next :meth:`check`.
 
         Args:
@@ -140,12 +151,15 @@ class StepCheck(object):
         self.records += 1
         self.micro.append(MicroStep(iter, loss.detach(), terms))
 
-    def forget(self):
+    def forget(self) -> None:
         """Drop the recorded losses (after a backward that raised)."""
         self.micro = []
 
-    def check(self, params, grads, norm_type=2.0, clips=False, scale=None,
-              context=None, sharded=None):
+    def check(self, params: List[torch.Tensor], grads: List[torch.Tensor],
+              norm_type: float = 2.0, clips: bool = False,
+              scale: Optional[torch.Tensor] = None,
+              context: Optional[StepContext] = None,
+              sharded: Optional[List[bool]] = None) -> StepOutcome:
         """Measure one update step and decide whether it triggers.
 
         Args:
@@ -227,11 +241,11 @@ class StepCheck(object):
                            (format_value(loss_scale), format_value(low)))
         return trigger
 
-    def passed(self):
+    def passed(self) -> None:
         """Note a clean (or applied) update step: it ends a run of skips."""
         self.consecutive_skips = 0
 
-    def skip(self, spike=False):
+    def skip(self, spike: bool = False) -> None:
         """Count an update step that is not applied."""
         if not spike:
             self.skipped += 1

@@ -10,10 +10,12 @@ and the step, so the recomputed step is checked and clipped exactly as the
 original would have been. When no sample can be singled out, ``'drop'`` does
 what ``'skip'`` does and says why.
 """
+from __future__ import annotations
 
 import contextlib
 import functools
 import logging
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -60,8 +62,12 @@ class Recomputation(object):
             the train step returns instead of the failing forward's.
     """
 
-    def __init__(self, indices, forwards, undo, iter=None, dropped=None,
-                 empty=False, factor=1.0, found=()):
+    def __init__(self, indices: Iterable[int],
+                 forwards: Iterable[Callable[[], Any]],
+                 undo: Callable[[], Any], iter: Optional[int] = None,
+                 dropped: Optional[int] = None, empty: bool = False,
+                 factor: float = 1.0, found: Iterable[Culprit] = ()
+                 ) -> None:
         self.indices = list(indices)
         self.forwards = list(forwards)
         self.undo = undo
@@ -72,11 +78,11 @@ class Recomputation(object):
         self.found = list(found)
         self.outputs = None
 
-    def keep(self, log_vars):
+    def keep(self, log_vars: Dict[str, Any]) -> None:
         """Keep the recomputed train step's ``log_vars``."""
         self.outputs = log_vars
 
-    def applied(self, sentinel):
+    def applied(self, sentinel: Any) -> None:
         """The step was applied without the samples: count them
         (``train/samples_dropped``)."""
         sentinel.samples_dropped += self.dropped
@@ -84,7 +90,8 @@ class Recomputation(object):
                                    sentinel.samples_dropped)
 
 
-def recompute(sentinel, wrapper, drop):
+def recompute(sentinel: Any, wrapper: Any,
+              drop: Recomputation) -> Optional[str]:
     """Recompute the update step without ``drop.indices``; measure it and,
     when it passes, admit it to be applied.
 
@@ -139,8 +146,10 @@ def recompute(sentinel, wrapper, drop):
     return None
 
 
-def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
-                  factor=1.0):
+def model_forward(model: Any, wrapper: Any, batch: Any,
+                  restore_rng: Callable[[], Any],
+                  keep_outputs: Callable[[Dict[str, Any]], Any],
+                  factor: float = 1.0) -> Callable[[], Tuple[Any, Any]]:
     """A :class:`Recomputation` forward for an MMEngine model: what
     ``BaseModel.train_step`` does before ``update_params``.
 
@@ -170,7 +179,8 @@ def model_forward(model, wrapper, batch, restore_rng, keep_outputs,
     return forward
 
 
-def zero_forward(model, wrapper):
+def zero_forward(model: Any,
+                 wrapper: Any) -> Callable[[], Tuple[Any, Any]]:
     """A :class:`Recomputation` forward for a DDP rank whose whole batch is
     left out: a zero loss that touches every trained parameter, through
     DDP's own forward, so this rank takes part in its buffer broadcast and
@@ -227,14 +237,17 @@ class Dropper(object):
         log (callable): ``(level, message)``: where the reasons go.
     """
 
-    def __init__(self, model, wrappers, log):
+    def __init__(self, model: Any, wrappers: List[Any],
+                 log: Callable[[int, str], Any]) -> None:
         self.model = model
         self.wrappers = wrappers
         self.log = log
         # Why no step of this run can be recomputed without samples.
         self.unavailable = drop_unavailable(len(wrappers))
 
-    def prepare(self, event, report, memory, undo, decision=None):
+    def prepare(self, event: Any, report: Optional[Any], memory: Any,
+                undo: Callable[[], Any], decision: Optional[Any] = None
+                ) -> Optional[Recomputation]:
         """The :class:`Recomputation` of a trigger, or ``None`` (the step is
         then skipped; the log says why).
 
@@ -306,7 +319,10 @@ class Dropper(object):
                 decision.factor(i) if decision is not None else 1.0))
         return drop
 
-    def again(self, drop, steps, train_step, sentinel, undo=None):
+    def again(self, drop: Recomputation, steps: List[Tuple[Any, ...]],
+              train_step: Callable[[Any], Any], sentinel: Any,
+              undo: Optional[Callable[[], Any]] = None
+              ) -> Optional[Tuple[Any, bool]]:
         """The train step of a forward that raised on its samples' data,
         taken again without them (``policy='drop'``).
 

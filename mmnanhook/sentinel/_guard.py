@@ -10,7 +10,10 @@ mmnanhook (a method rebound on the instance after the install, a
 stops there instead of running unprotected. Reading the counters is
 host-only: no device sync, about 0.1 us per parameter.
 """
+from __future__ import annotations
+
 from operator import attrgetter
+from typing import Any
 
 from ..errors import CheckBypassedError
 from ._install import sentinel_of
@@ -32,7 +35,7 @@ class BypassGuard(object):
         handle (NanDetectHandle): What :func:`install_nan_detect` returned.
     """
 
-    def __init__(self, handle):
+    def __init__(self, handle: Any) -> None:
         self._watched = []
         for wrapper, sentinel in zip(handle.wrappers, handle.sentinels):
             params = [p for group in wrapper.optimizer.param_groups
@@ -41,12 +44,12 @@ class BypassGuard(object):
                 (wrapper, sentinel, params, vars(wrapper).get('step')))
         self._before = None
 
-    def start(self):
+    def start(self) -> None:
         """Note the weights' versions and check counts before a train step."""
         self._before = [(sum(map(_version, params)), sentinel.check.checks)
                         for _, sentinel, params, _ in self._watched]
 
-    def verify(self, iter):
+    def verify(self, iter: int) -> bool:
         """After the train step started by :meth:`start`.
 
         Args:

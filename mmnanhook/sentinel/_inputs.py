@@ -16,6 +16,10 @@ hook sees only the train step's call (the ``training`` flag is a keyword
 under DDP, which torch < 2.0 does not hand to hooks): the replays of a
 diagnosis check their inputs themselves.
 """
+from __future__ import annotations
+
+from typing import Any
+
 from .. import compat
 from .._inputs import floating, nonfinite_samples, sample_names
 from ..errors import NonFiniteInputError
@@ -29,7 +33,7 @@ class InputCheck(object):
             checked when ``None`` or it has no data preprocessor.
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model: Any) -> None:
         self._armed = False
         self._found = None
         self._handles = []
@@ -41,7 +45,7 @@ class InputCheck(object):
                 model.register_forward_pre_hook(
                     compat.not_traced(self._entered()))]
 
-    def arm(self, data_batch) -> None:
+    def arm(self, data_batch: Any) -> None:
         """Check the next call's output when ``data_batch``, the train
         step's batch, has floating-point inputs."""
         self._armed = bool(self._handles) and floating(data_batch)

@@ -19,7 +19,7 @@ caught by the bypass guard (:mod:`._guard`).
 from __future__ import annotations
 
 import types
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from mmengine.logging import MessageHub
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
@@ -68,7 +68,7 @@ def _binding(name, delegate, prev):
     return compat.not_traced(method)
 
 
-def bind(wrapper):
+def bind(wrapper: OptimWrapper) -> Dict[str, Tuple[bool, Any, Any]]:
     """Bind the delegating methods onto ``wrapper``.
 
     Returns:
@@ -88,7 +88,8 @@ def bind(wrapper):
     return saved
 
 
-def unbind(wrapper, saved):
+def unbind(wrapper: OptimWrapper,
+           saved: Dict[str, Tuple[bool, Any, Any]]) -> None:
     """Undo :func:`bind`.
 
     A binding that something else has wrapped since (a scheduler built after
@@ -104,7 +105,7 @@ def unbind(wrapper, saved):
             del own[name]
 
 
-def sentinel_of(wrapper):
+def sentinel_of(wrapper: OptimWrapper) -> Optional[WrapperSentinel]:
     """The :class:`~._sentinel.WrapperSentinel` checking ``wrapper``, or
     ``None``."""
     return vars(wrapper).get(ATTRIBUTE)
@@ -115,7 +116,7 @@ class _SelfChecking(object):
     the check options are taken out of its keyword arguments, the rest go
     to the wrapper."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         options = CheckOptions.take(kwargs)
         refused = Policy(options).needs_hook()
         if refused:
@@ -167,21 +168,21 @@ class NanDetectAmpOptimWrapper(_SelfChecking, AmpOptimWrapper):
 class NanDetectHandle(object):
     """What :func:`install_nan_detect` changed; :meth:`remove` undoes it."""
 
-    def __init__(self, entries):
+    def __init__(self, entries: List[Tuple[Any, ...]]) -> None:
         self._entries = entries
 
     @property
-    def wrappers(self):
+    def wrappers(self) -> List[OptimWrapper]:
         """The checked ``OptimWrapper`` instances."""
         return [entry[0] for entry in self._entries]
 
     @property
-    def sentinels(self):
+    def sentinels(self) -> List[WrapperSentinel]:
         """Their :class:`~._sentinel.WrapperSentinel` objects, in the same
         order."""
         return [entry[1] for entry in self._entries]
 
-    def remove(self):
+    def remove(self) -> None:
         """Restore every wrapper's attributes exactly as they were."""
         entries, self._entries = self._entries, []
         for wrapper, _, previous, saved in reversed(entries):
@@ -197,7 +198,7 @@ def install_nan_detect(optim_wrapper: OptimWrapper,
                        message_hub: Optional[MessageHub] = None,
                        options: Optional[CheckOptions] = None,
                        run_policy: Optional[Policy] = None,
-                       **kwargs) -> NanDetectHandle:
+                       **kwargs: Any) -> NanDetectHandle:
     """Add the checks to an already-built optim wrapper.
 
     Binds the checks onto each wrapper instance (an ``OptimWrapperDict``'s

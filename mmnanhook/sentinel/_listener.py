@@ -1,4 +1,7 @@
 """What a wrapper's sentinel tells its listener, and what it asks."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
 
 
 class Listener(object):
@@ -7,7 +10,7 @@ class Listener(object):
     Every method is optional to override; the defaults do nothing.
     """
 
-    def loss_terms(self, loss):
+    def loss_terms(self, loss: Any) -> Optional[Dict[str, Any]]:
         """The loss terms ``parse_losses`` produced for ``loss``, if known.
 
         Args:
@@ -18,7 +21,7 @@ class Listener(object):
         """
         return None
 
-    def on_trigger(self, event, step):
+    def on_trigger(self, event: Any, step: Any) -> None:
         """Carry out a trigger of the update step: called inside the step,
         before anything of the step is decided.
 
@@ -31,7 +34,7 @@ class Listener(object):
         """
         step.sentinel.carry_out_alone(event, step)
 
-    def on_backward_raised(self, event):
+    def on_backward_raised(self, event: Any) -> Optional[str]:
         """Called when backward raised (the exception goes on whatever the
         policy).
 
@@ -43,14 +46,14 @@ class Listener(object):
         """
         return None
 
-    def on_spike(self, spikes):
+    def on_spike(self, spikes: List[Any]) -> None:
         """Called for the spikes of an update step, whatever the policy.
 
         Args:
             spikes (list[Spike]): This step's spikes.
         """
 
-    def on_resolved(self, applied):
+    def on_resolved(self, applied: bool) -> None:
         """Called after the policy acted on an update step (every one).
 
         Args:

@@ -11,6 +11,10 @@ same event. Inputs found not finite before the forward
 (:class:`~mmnanhook.errors.NonFiniteInputError`, :mod:`._inputs`) take the
 same path, before any op ran.
 """
+from __future__ import annotations
+
+from typing import List, Optional
+
 from mmengine.dist import get_dist_info
 
 from ..errors import NonFiniteInputError, PeerForwardFailed
@@ -18,13 +22,15 @@ from ..records import NonFiniteEvent, Trigger
 from ._check import StepContext
 
 
-def is_out_of_memory(exc):
+def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` ran out of memory: replaying that forward only runs
     out of memory again."""
     return 'out of memory' in str(exc).lower()
 
 
-def forward_event(iter, epoch, exc, failed, shared):
+def forward_event(iter: int, epoch: int, exc: Exception,
+                  failed: Optional[List[int]],
+                  shared: bool) -> NonFiniteEvent:
     """The :class:`~mmnanhook.records.NonFiniteEvent` of a forward that
     raised.
 

@@ -23,10 +23,13 @@ training thread. So:
   step (:meth:`SnapshotStore.settle`). Buffers change in the next forward:
   they are copied at once.
 """
+from __future__ import annotations
+
 import collections
 import copy
 import logging
 import threading
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -55,7 +58,7 @@ class _Held(object):
 
     __slots__ = ('owner', 'shape', 'dtype')
 
-    def __init__(self, owner, tensor):
+    def __init__(self, owner: int, tensor: torch.Tensor) -> None:
         self.owner = owner
         self.shape = tensor.shape
         self.dtype = tensor.dtype
@@ -71,7 +74,8 @@ class _Partition(object):
         world_size (int): The ranks sharing the snapshots (1: no sharing).
     """
 
-    def __init__(self, model, rank=0, world_size=1):
+    def __init__(self, model: torch.nn.Module, rank: int = 0,
+                 world_size: int = 1) -> None:
         self.rank = rank
         self.world_size = world_size
         loads = [0] * world_size
@@ -88,15 +92,16 @@ class _Partition(object):
             self.by_param[id(param)] = owner
 
     @property
-    def shared(self):
+    def shared(self) -> bool:
         return self.world_size > 1
 
-    def owner_of(self, name):
+    def owner_of(self, name: str) -> Optional[int]:
         """The rank holding state dict entry ``name``; ``None``: every rank
         holds it (a buffer)."""
         return self.by_name.get(name) if self.shared else None
 
-    def param_owners(self, optimizer):
+    def param_owners(self, optimizer: torch.optim.Optimizer
+                     ) -> List[int]:
         """The rank holding each of ``optimizer``'s state entries, by its
         index in the optimizer's state dict."""
         params = [p for group in optimizer.param_groups
@@ -118,7 +123,10 @@ class Snapshot(object):
         norms (dict): Parameter name -> its norm, for the divergence report.
     """
 
-    def __init__(self, iter, model, optimizers, scalers, norms):
+    def __init__(self, iter: int, model: Dict[str, Any],
+                 optimizers: List[Dict[Any, Any]],
+                 scalers: List[Optional[Dict[str, Any]]],
+                 norms: Optional[Dict[str, float]]) -> None:
         self.iter = iter
         self.model = model
         self.optimizers = optimizers
@@ -126,7 +134,7 @@ class Snapshot(object):
         self.norms = norms
 
 
-def param_norms(model):
+def param_norms(model: torch.nn.Module) -> Dict[str, float]:
     """Parameter name -> float norm (a host sync per call: the failure path,
     and a snapshot's background copy)."""
     with torch.no_grad():
@@ -148,7 +156,8 @@ class SnapshotStore(object):
         device (str | torch.device): Where the copies live.
     """
 
-    def __init__(self, interval=50, keep=2, device='cpu'):
+    def __init__(self, interval: int = 50, keep: int = 2,
+                 device: Union[str, torch.device] = 'cpu') -> None:
         self.interval = interval
         self.device = torch.device(device)
         self.partition = None
@@ -161,7 +170,7 @@ class SnapshotStore(object):
     def __len__(self):
         return len(self._snapshots)
 
-    def share(self, partition, group=None):
+    def share(self, partition: _Partition, group: Any = None) -> None:
         """Hold only this rank's share of what every rank holds alike.
 
         Args:
@@ -171,11 +180,12 @@ class SnapshotStore(object):
         self.partition = partition
         self.group = group
 
-    def due(self, iter):
+    def due(self, iter: int) -> bool:
         """Whether the good update step of ``iter`` is to be saved."""
         return (iter + 1) % self.interval == 0 or not self._snapshots
 
-    def take(self, iter, model, wrappers):
+    def take(self, iter: int, model: torch.nn.Module,
+             wrappers: List[Any]) -> None:
         """Save the state after the update step of ``iter``; the parameters
         and optimizer states are copied in the background (until
         :meth:`settle`)."""
@@ -229,7 +239,7 @@ class SnapshotStore(object):
             errors.append('%s: %s' % (type(error).__name__, error))
             snapshot.norms = None
 
-    def settle(self):
+    def settle(self) -> None:
         """Wait for the copy of the newest snapshot: before anything
         changes what it copies (the next optimizer step), or uses it; at
         most :data:`SETTLE_WITHIN` seconds. A copy that failed, or is not
@@ -247,7 +257,7 @@ class SnapshotStore(object):
                 snapshot.iter, errors[0])
             self._snapshots.remove(snapshot)
 
-    def before(self, iter):
+    def before(self, iter: int) -> Optional[Snapshot]:
         """The newest snapshot taken before iteration ``iter``, or ``None``."""
         self.settle()
         for snapshot in reversed(self._snapshots):
@@ -255,18 +265,19 @@ class SnapshotStore(object):
                 return snapshot
         return None
 
-    def at(self, iter):
+    def at(self, iter: int) -> Snapshot:
         """The snapshot of iteration ``iter``."""
         return next(s for s in self._snapshots if s.iter == iter)
 
-    def drop_after(self, iter):
+    def drop_after(self, iter: int) -> None:
         """Forget the snapshots of iterations ``>= iter`` (they may hold the
         divergence)."""
         self.settle()
         while self._snapshots and self._snapshots[-1].iter >= iter:
             self._snapshots.pop()
 
-    def restore(self, snapshot, model, wrappers):
+    def restore(self, snapshot: Snapshot, model: torch.nn.Module,
+                wrappers: List[Any]) -> None:
         """Copy ``snapshot`` back into ``model`` and the optimizers, in place
         (shared: on every rank at once, each share broadcast by its
         holder).
@@ -341,7 +352,8 @@ class Rewinder(object):
             each rewind goes.
     """
 
-    def __init__(self, options, log=None):
+    def __init__(self, options: Any,
+                 log: Optional[Callable[[int, str], Any]] = None) -> None:
         self.options = options
         self.log = log or (lambda level, message: None)
         self.store = SnapshotStore(options.snapshot_interval,
@@ -352,7 +364,8 @@ class Rewinder(object):
         self.cooldown_left = 0
         self.factor = 1.0
 
-    def start(self, model, wrappers, ranks=None):
+    def start(self, model: torch.nn.Module, wrappers: List[Any],
+              ranks: Optional[Any] = None) -> None:
         """Save the state training starts from (iteration -1).
 
         Args:
@@ -365,7 +378,8 @@ class Rewinder(object):
                              ranks.group)
         self.store.take(-1, model, wrappers)
 
-    def after_update(self, iter, clean, model, wrappers, sentinels):
+    def after_update(self, iter: int, clean: bool, model: torch.nn.Module,
+                     wrappers: List[Any], sentinels: List[Any]) -> None:
         """After the update step of ``iter``: count the cooldown down and
         save a snapshot when one is due.
 
@@ -394,7 +408,8 @@ class Rewinder(object):
         if self.store.due(iter):
             self.store.take(iter, model, wrappers)
 
-    def target(self, since, ranks=None):
+    def target(self, since: int, ranks: Optional[Any] = None
+               ) -> Tuple[Optional[Snapshot], Optional[str]]:
         """The snapshot a rewind from a divergence that began at ``since``
         would go back to: the newest taken before it.
 
@@ -422,7 +437,8 @@ class Rewinder(object):
                           % (since, ))
         return snapshot, None
 
-    def go_back(self, iter, model, wrappers, sentinels):
+    def go_back(self, iter: int, model: torch.nn.Module,
+                wrappers: List[Any], sentinels: List[Any]) -> int:
         """Go back to the snapshot of iteration ``iter`` (:meth:`target`'s)
         and lower the LR (``train/rewinds`` counted, the log told).
 

@@ -11,10 +11,12 @@ decision out on it: apply, skip (gradients zeroed, parameters and optimizer
 state untouched), recompute without samples (:func:`._drop.recompute`, which
 measures its own step) or raise.
 """
+from __future__ import annotations
+
 import logging
 import math
 import weakref
-from typing import Callable, List, NamedTuple, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 import torch
 from mmengine.dist import get_dist_info
@@ -44,8 +46,9 @@ class WrapperSentinel(object):
         policy (Policy, optional): The run's; one of ``options`` by default.
     """
 
-    def __init__(self, options, listener=None, message_hub=None,
-                 policy=None):
+    def __init__(self, options: Any, listener: Optional[Any] = None,
+                 message_hub: Optional[MessageHub] = None,
+                 policy: Optional[Any] = None) -> None:
         self.check = StepCheck(options, policy)
         # Built before the training graphs, to free what a raising backward
         # leaves queued (see compat.BackwardDrain).
@@ -75,12 +78,12 @@ class WrapperSentinel(object):
         self.ranks = None
 
     @property
-    def options(self):
+    def options(self) -> Any:
         """The :class:`~mmnanhook.options.CheckOptions` in force."""
         return self.check.options
 
     @property
-    def hub(self):
+    def hub(self) -> MessageHub:
         # The runner's hub when the hook gave it; the wrapper's own
         # message_hub is whichever was current when it was built.
         return self.message_hub or MessageHub.get_current_instance()
@@ -90,7 +93,8 @@ class WrapperSentinel(object):
         return StepContext(hub.get_info('iter'), hub.get_info('epoch'),
                            self._name_params)
 
-    def loss_terms(self, loss):
+    def loss_terms(self, loss: torch.Tensor
+                   ) -> Optional[Dict[str, Any]]:
         """The listener's loss terms of ``loss``, or ``None``."""
         if self.listener is None:
             return None
@@ -98,12 +102,14 @@ class WrapperSentinel(object):
 
     # -- recording ---------------------------------------------------------
 
-    def optim_context(self, wrapper, prev, model):
+    def optim_context(self, wrapper: Any, prev: Callable[..., Any],
+                      model: torch.nn.Module) -> Any:
         # Kept (weakly) only to name parameters on the failure path.
         self._model = weakref.ref(model)
         return prev(model)
 
-    def update_params(self, wrapper, prev, loss, *args, **kwargs):
+    def update_params(self, wrapper: Any, prev: Callable[..., Any],
+                      loss: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         # backward() receives the loss divided for accumulation; report the
         # loss the model returned.
         self.pending = (loss, self.loss_terms(loss))
@@ -112,7 +118,8 @@ class WrapperSentinel(object):
         finally:
             self.pending = None
 
-    def backward(self, wrapper, prev, loss, **kwargs):
+    def backward(self, wrapper: Any, prev: Callable[..., Any],
+                 loss: torch.Tensor, **kwargs: Any) -> Any:
         if self.ranks is not None:
             # No rank enters DDP's gradient all-reduce while another rank's
             # forward raised: that one would never come.
@@ -187,7 +194,8 @@ class WrapperSentinel(object):
 
     # -- the update step ---------------------------------------------------
 
-    def step(self, wrapper, prev, *args, **kwargs):
+    def step(self, wrapper: Any, prev: Callable[..., Any], *args: Any,
+             **kwargs: Any) -> Any:
         applied = self.check_step(wrapper)
         if self.listener is not None:
             self.listener.on_resolved(applied)
@@ -209,7 +217,8 @@ class WrapperSentinel(object):
             for group, lr in zip(groups, scheduled):
                 group['lr'] = lr
 
-    def clip_grad(self, wrapper, prev):
+    def clip_grad(self, wrapper: Any,
+                  prev: Callable[[], Any]) -> Any:
         clip, self._clip = self._clip, None
         if clip is None:
             return prev()
@@ -222,7 +231,7 @@ class WrapperSentinel(object):
             wrapper.clip_func(params, **wrapper.clip_grad_kwargs)
         return None
 
-    def check_step(self, wrapper) -> bool:
+    def check_step(self, wrapper: Any) -> bool:
         """Check the update step, carry out the decision of a trigger;
         return whether to apply the step."""
         measured = self.measure(wrapper)
@@ -234,7 +243,8 @@ class WrapperSentinel(object):
         self._respond(event, step)
         return step.applied
 
-    def measure(self, wrapper, again: bool = False) -> 'Measured':
+    def measure(self, wrapper: Any,
+                again: bool = False) -> 'Measured':
         """Measure the update step of ``wrapper`` (no decision).
 
         Args:
@@ -259,7 +269,7 @@ class WrapperSentinel(object):
         self._tell(outcome, again)
         return Measured(params, clips, outcome)
 
-    def admit(self, wrapper, measured: 'Measured') -> None:
+    def admit(self, wrapper: Any, measured: 'Measured') -> None:
         """What an update step to be applied records: the check passed,
         its norm logged, its clipping prepared."""
         self.check.passed()
@@ -299,7 +309,8 @@ class WrapperSentinel(object):
         if logged is None or logged.current() != value:
             hub.update_scalar(key, value)
 
-    def skip(self, wrappers, spike=False, undo=None):
+    def skip(self, wrappers: List[Any], spike: bool = False,
+             undo: Optional[Callable[[], Any]] = None) -> None:
         """Leave the update step out: what its forwards wrote put back
         (``undo``), gradients zeroed, counted in ``train/nan_skipped``.
 
@@ -343,7 +354,8 @@ class WrapperSentinel(object):
                     'anyway')
         self.carry_out_alone(event, step)
 
-    def carry_out_alone(self, event, step: 'UpdateStep') -> None:
+    def carry_out_alone(self, event: NonFiniteEvent,
+                        step: 'UpdateStep') -> None:
         """``event``'s plan carried out on ``step`` without a diagnosis
         (logged here)."""
         plan = self.check.policy.plan(Circumstances(
@@ -387,7 +399,7 @@ class UpdateStep(Step):
             applied, once the decision is carried out.
     """
 
-    def __init__(self, sentinel: WrapperSentinel, wrapper,
+    def __init__(self, sentinel: WrapperSentinel, wrapper: Any,
                  measured: Measured) -> None:
         self.sentinel = sentinel
         self.wrapper = wrapper
@@ -401,8 +413,11 @@ class UpdateStep(Step):
     def leave_out(self, undo: Optional[Callable[[], None]]) -> None:
         spike = self.measured.outcome.event.trigger == Trigger.SPIKE
         self.sentinel.skip([self.wrapper], spike=spike, undo=undo)
+        # Left out after all (the listener failed after a recomputation, and
+        # the plan without a diagnosis skips): nothing of it is applied.
+        self.applied = False
 
-    def recompute(self, drop) -> Optional[bool]:
+    def recompute(self, drop: Any) -> Optional[bool]:
         why = recompute(self.sentinel, self.wrapper, drop)
         if why is not None:
             log('mmnanhook: %s; skipped' % why, logging.WARNING)

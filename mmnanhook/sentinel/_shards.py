@@ -10,6 +10,10 @@ the ranks and adds the gradients that are whole on every rank once. The
 check does the same inside the all-reduce it makes anyway
 (:func:`._check._sync`); this module says which local tensors are shards.
 """
+from __future__ import annotations
+
+from typing import List, Optional, Set, Tuple
+
 import torch
 from mmengine.dist import get_world_size
 
@@ -19,7 +23,10 @@ from .. import compat
 _PLAIN = frozenset((torch.Tensor, ))
 
 
-def local_grads(params, grads, sharded_ids=None, norm_type=2.0):
+def local_grads(params: List[torch.Tensor], grads: List[torch.Tensor],
+                sharded_ids: Optional[Set[int]] = None,
+                norm_type: float = 2.0
+                ) -> Tuple[List[torch.Tensor], Optional[List[bool]]]:
     """The gradients as local tensors, and which of them are shards.
 
     Args:

@@ -11,9 +11,12 @@ second condition keeps a series whose values are all of one magnitude from
 flagging its ordinary noise, the first keeps a series with a tiny MAD (a
 plateau) from flagging a small step.
 """
+from __future__ import annotations
+
 import bisect
 import collections
 import math
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 # 1.4826 * MAD estimates the standard deviation of normal data.
 _MAD_TO_STD = 1.4826
@@ -43,7 +46,8 @@ class Spike(object):
 
     __slots__ = ('series', 'iter', 'value', 'median', 'high', 'factor')
 
-    def __init__(self, series, iter, value, median, high):
+    def __init__(self, series: str, iter: int, value: float, median: float,
+                 high: float) -> None:
         self.series = series
         self.iter = iter
         self.value = value
@@ -51,7 +55,7 @@ class Spike(object):
         self.high = high
         self.factor = value / median if median > 0 else math.inf
 
-    def to_dict(self):
+    def to_dict(self) -> Dict[str, Any]:
         return {k: getattr(self, k) for k in self.__slots__}
 
     def __repr__(self):
@@ -71,7 +75,8 @@ class SeriesBand(object):
             median a spike is at least.
     """
 
-    def __init__(self, window=50, warmup=20, factor=4.0, threshold=6.0):
+    def __init__(self, window: int = 50, warmup: int = 20,
+                 factor: float = 4.0, threshold: float = 6.0) -> None:
         self.values = collections.deque(maxlen=window)
         # The same values in order: the median of every step without a sort.
         self._ordered = []
@@ -79,7 +84,7 @@ class SeriesBand(object):
         self.factor = factor
         self.threshold = threshold
 
-    def band(self):
+    def band(self) -> Optional[Tuple[float, float]]:
         """``(median, upper edge)``, or ``None`` during the warm-up."""
         median = self._median()
         return None if median is None else (median, self._high(median))
@@ -94,7 +99,8 @@ class SeriesBand(object):
         return max(median * self.factor,
                    median + self.threshold * _MAD_TO_STD * mad)
 
-    def judge(self, value):
+    def judge(self, value: Optional[float]
+              ) -> Optional[Tuple[float, float]]:
         """Whether ``value`` is a spike; a value that is not joins the band.
 
         Returns:
@@ -129,7 +135,9 @@ class SpikeDetector(object):
 
     SERIES = ('loss', 'grad_norm')
 
-    def __init__(self, window=50, warmup=20, factor=4.0, threshold=6.0):
+    def __init__(self, window: int = 50, warmup: int = 20,
+                 factor: Union[float, Dict[str, float]] = 4.0,
+                 threshold: float = 6.0) -> None:
         factors = factor if isinstance(factor, dict) else dict.fromkeys(
             self.SERIES, factor)
         self.bands = {name: SeriesBand(window, warmup, factors[name],
@@ -137,7 +145,8 @@ class SpikeDetector(object):
                       for name in self.SERIES}
         self.spikes = []
 
-    def observe(self, iter, loss, grad_norm):
+    def observe(self, iter: int, loss: Optional[float],
+                grad_norm: Optional[float]) -> List[Spike]:
         """Judge one update step's values.
 
         Args:
@@ -156,7 +165,7 @@ class SpikeDetector(object):
         self.spikes.extend(found)
         return found
 
-    def median(self, series):
+    def median(self, series: str) -> Optional[float]:
         """The current median of ``series``, or ``None`` before any value."""
         band = self.bands[series]
         return _sorted_median(band._ordered) if band.values else None

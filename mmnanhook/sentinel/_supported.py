@@ -1,6 +1,10 @@
 """Which optim wrappers tier 1 can check: every ``OptimWrapper`` and
 ``AmpOptimWrapper`` (their subclasses, an ``OptimWrapperDict``'s members),
 not the engines that run backward and the step out of its reach."""
+from __future__ import annotations
+
+from typing import Any
+
 from mmengine.optim import OptimWrapper
 
 # Wrappers of these modules run backward and step inside an engine
@@ -23,7 +27,7 @@ _ENGINES = {
 }
 
 
-def check_supported(optim_wrapper):
+def check_supported(optim_wrapper: Any) -> None:
     """Raise ``RuntimeError`` for a wrapper tier 1 cannot check, naming
     what would go unchecked and what to use instead."""
     cls = type(optim_wrapper)

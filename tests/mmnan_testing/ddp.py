@@ -265,7 +265,7 @@ def capture_replays(runner):
     import torch
     from mmnanhook.diagnosis import _in_run
     seen, before = [], []
-    examine, write = _in_run.examine, _in_run.write
+    examine, conclude = _in_run.examine, _in_run.conclude
 
     def examined(*args, **kwargs):
         before[:] = [b.detach().clone() for b in runner.model.buffers()]
@@ -273,13 +273,13 @@ def capture_replays(runner):
 
     def written(*args, **kwargs):
         try:
-            return write(*args, **kwargs)
+            return conclude(*args, **kwargs)
         finally:
             seen.append(all(torch.equal(a, b) for a, b in zip(
                 before, runner.model.buffers())))
 
     # This rank's process trains this one runner.
-    _in_run.examine, _in_run.write = examined, written
+    _in_run.examine, _in_run.conclude = examined, written
     return seen
 
 
