@@ -263,8 +263,9 @@ class WrapperSentinel(object):
         outcome = self.check.check(params, grads, norm_type, clips=clips,
                                    scale=scale, context=self._context(),
                                    sharded=sharded)
-        # A raise after this keeps the frame in the error's traceback: it
-        # must not hold the gradients (the parameters are the model's).
+        # A trigger that raises keeps check_step's frame, and what it
+        # measured, in the error's traceback: no gradient may be among it
+        # (the parameters are the model's).
         del grads
         self._tell(outcome, again)
         return Measured(params, clips, outcome)
