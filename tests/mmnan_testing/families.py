@@ -74,6 +74,8 @@ NOT_HERE = {
         'selfsup_pretrain': 'self-supervised backbone weights downloaded',
         'soft_teacher': 'semi-supervised: labeled and unlabeled COCO splits',
         'panoptic_fpn': 'COCO panoptic annotations (no synthetic stand-in)',
+        'pvt': 'its config by the rule (retinanet_pvt-l) is an AMP config: '
+               'AmpOptimWrapper needs a GPU',
         'maskformer': 'COCO panoptic annotations (no synthetic stand-in)',
         'mask2former': 'COCO panoptic annotations (no synthetic stand-in)',
     },
