@@ -183,10 +183,10 @@ class ForwardGuard(object):
             work = call(*[zeros(a) for a in args], **dict(
                 (k, zeros(v)) for k, v in kwargs.items()))
             if work is not None:
-                # Recorded with async_op=True. Bounded as the call itself:
-                # a work of the model's group fails at that group's timeout
-                # (docs/how-it-works.md, the waits).
-                work.wait()
+                # Recorded with async_op=True: waited for no longer than the
+                # run's timeout (env_cfg.dist_cfg.timeout), after which
+                # torch raises, as a failed collective of the model would.
+                work.wait(timeout=self.ranks.timeout)
 
     def step_collectives(self) -> List[Tuple[Any, List[Any]]]:
         """The collectives this train step's first forward called so far,

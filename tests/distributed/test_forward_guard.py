@@ -2,6 +2,8 @@
 collectives and the vote: which collectives of a train step are voted
 before, and what a rank whose forward raised calls for the others (two real
 ranks: tests/sentinel/test_ddp.py)."""
+import datetime
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -12,10 +14,12 @@ NAMES = ('all_reduce', 'all_gather', 'broadcast', 'all_gather_object')
 
 
 class Votes(object):
-    """The run's ranks, as far as the guard sees them: the votes counted."""
+    """The run's ranks, as far as the guard sees them: the votes counted,
+    the run's timeout."""
 
     def __init__(self):
         self.count = 0
+        self.timeout = datetime.timedelta(seconds=42)
 
     def before_backward(self):
         self.count += 1
@@ -25,10 +29,11 @@ class Work(object):
     """What a collective called with ``async_op=True`` returns."""
 
     def __init__(self):
-        self.waited = False
+        self.waited = None
 
-    def wait(self):
-        self.waited = True
+    def wait(self, timeout=datetime.timedelta(0)):
+        # torch's default (0) waits without a bound.
+        self.waited = timeout
 
 
 class Guarded(object):
@@ -131,7 +136,9 @@ def test_a_rank_whose_forward_raised_calls_the_others_rest_with_zeros(run):
     for zeros in out + [tensor]:
         assert zeros.dtype == torch.float64 and zeros.shape == (3, )
         assert torch.equal(zeros, torch.zeros_like(zeros))
-    assert kwargs == dict(async_op=True) and run.works[-1].waited
+    assert kwargs == dict(async_op=True)
+    # Waited for, within the run's timeout.
+    assert run.works[-1].waited == run.votes.timeout
     (tensor, ), kwargs = run.calls[1][1:]
     assert tensor.dtype == torch.int64 and tensor.shape == (2, 2)
     assert torch.equal(tensor, torch.zeros_like(tensor))

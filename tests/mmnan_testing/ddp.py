@@ -271,7 +271,7 @@ def capture_replays(runner):
         before[:] = [b.detach().clone() for b in runner.model.buffers()]
         return examine(*args, **kwargs)
 
-    def written(*args, **kwargs):
+    def concluded(*args, **kwargs):
         try:
             return conclude(*args, **kwargs)
         finally:
@@ -279,7 +279,7 @@ def capture_replays(runner):
                 before, runner.model.buffers())))
 
     # This rank's process trains this one runner.
-    _in_run.examine, _in_run.conclude = examined, written
+    _in_run.examine, _in_run.conclude = examined, concluded
     return seen
 
 
