@@ -85,6 +85,7 @@ device-wheels:
 	scripts/device_wheels.sh
 
 ## device-check: the CUDA checks; on a device machine (run tool, carry .device),
-## or here as a CPU dry run with the modern leg (CUDA tests skip).
+## or here as a CPU dry run with the modern leg (the toy's CUDA tests skip; the
+## zoo R50's tests and benchmark run on the CPU, small: MMNAN_DEVICE_DRYRUN=cpu).
 device-check: device-wheels
-	DEVICE_PYTHON=$${DEVICE_PYTHON:-.venv/bin/python} scripts/device_check.sh
+	DEVICE_PYTHON=$${DEVICE_PYTHON:-.venv/bin/python} MMNAN_DEVICE_DRYRUN=$${MMNAN_DEVICE_DRYRUN-cpu} scripts/device_check.sh

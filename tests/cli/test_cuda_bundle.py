@@ -1,7 +1,7 @@
 """A bundle written on CUDA replays on CPU.
 
 ``make device-check`` writes it (``tests/sentinel/test_cuda.py``, fp16-range
-overflow) into the device run's ``$OUT/cuda_bundle``; it is kept in
+overflow) into the device run's ``$OUT/cuda_bundle.tar.gz``; it is kept in
 ``tests/data/cuda_bundle`` once a device run brought it back. Its config
 imports ``mmnan_testing.cuda_toy`` (the model), so ``tests/`` is put on the
 replay's path, as a user's project is on theirs.

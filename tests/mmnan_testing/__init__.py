@@ -9,4 +9,6 @@ benchmarks put it there themselves.
 * :mod:`.toy`: a toy model and runner factory (mmengine only).
 * :mod:`.faults`: small modules with one planted bug each.
 * :mod:`.cpu_amp`: AMP optim wrappers that run on a CPU.
+* :mod:`.cuda_zoo`: the zoo RetinaNet R50 of the device checks, and their
+  CPU dry run; :mod:`.cuda_zoo_modules`, the modules its configs name.
 """
