@@ -11,16 +11,18 @@
   iterations.
 * :mod:`._doctor`: the three in one report; the rules at a run's start.
 """
-from ._dataset import DatasetContext, DatasetError, scan_config
+from ._dataset import (DatasetContext, DatasetError, load_config,
+                       scan_config, try_build_dataset)
 from ._doctor import DoctorReport, check_run_config, run_doctor
 from ._headroom import (FP16_MAX, INIT_SCALE, NEAR, ModuleRange,
                         RangeRecorder, confirm_overflow, cpu_fp16_autocast,
                         measure)
-from ._rules import RULES, RuleContext, config_findings
+from ._rules import RULES, RuleContext, config_dicts, config_findings
 
 __all__ = [
     'DatasetContext', 'DatasetError', 'DoctorReport', 'FP16_MAX',
     'INIT_SCALE', 'ModuleRange', 'NEAR', 'RULES', 'RangeRecorder',
-    'RuleContext', 'check_run_config', 'config_findings', 'confirm_overflow',
-    'cpu_fp16_autocast', 'measure', 'run_doctor', 'scan_config'
+    'RuleContext', 'check_run_config', 'config_dicts', 'config_findings',
+    'confirm_overflow', 'cpu_fp16_autocast', 'load_config', 'measure',
+    'run_doctor', 'scan_config', 'try_build_dataset'
 ]

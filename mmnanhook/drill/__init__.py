@@ -2,6 +2,8 @@
 
 * :mod:`._config`: the user's config, a few iterations long, on their data
   or a synthetic stand-in; with and without NanDetectHook.
+* :mod:`._data`: that stand-in, in the config's classes, format and image
+  sizes, one for every rank; why a train dataset is empty.
 * :mod:`._sampler`: ``DrillSampler``, the first samples of the user's
   sampler.
 * :mod:`._faults`: the planted faults (``data``, ``loss``, ``grad``).

@@ -1,6 +1,7 @@
 """The drill's configs: the user's config as ``tools/train.py`` builds it,
 made a few iterations long, on the user's data when it is at hand here, else
-on a small synthetic dataset in the config's format.
+on a small synthetic stand-in in the config's classes, format and image
+sizes (:mod:`._data`).
 
 What the drill changes, the same in the run with NanDetectHook and the run
 without it (the clean comparison is between those two):
@@ -25,41 +26,23 @@ from __future__ import annotations
 
 import copy
 import os.path as osp
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..demo import synthetic
-from ..doctor._rules import config_dicts
+from ..doctor import config_dicts, load_config, try_build_dataset
+# VOC_YEAR: the test beds' zoo datasets are written as the drill's are.
+from ._data import VOC_YEAR  # noqa: F401
+from ._data import (data_format, dataset_configs, empty_reason, point_at,
+                    stand_in, write_stand_in)
 
 # Keys of pipeline steps (and a preprocessor's, and mmdet's batch augments)
 # that hold image sizes; RandomAffine's border is one in pixels.
 SIZE_KEYS = ('scale', 'img_scale', 'crop_size', 'size', 'scales', 'border',
              'random_size_range')
-# The synthetic VOC data is a VOC2007 directory.
-VOC_YEAR = 'VOC2007'
 HOOK_TYPES = ('NanDetectHook', 'mmnanhook.NanDetectHook')
 # Samples a batch in a drill.
 BATCH = 2
-
-
-def dataset_configs(dataset: Dict[str, Any]
-                    ) -> Iterator[Dict[str, Any]]:
-    """Every dataset config inside ``dataset`` (wrappers, Concat members),
-    outermost first."""
-    yield dataset
-    if 'dataset' in dataset:  # RepeatDataset, MultiImageMixDataset ...
-        for inner in dataset_configs(dataset['dataset']):
-            yield inner
-    for member in dataset.get('datasets') or []:
-        for inner in dataset_configs(member):
-            yield inner
-
-
-def _leaves(cfg):
-    """The dataset configs that read files (no ``dataset``/``datasets``)."""
-    return [d for d in dataset_configs(cfg.train_dataloader.dataset)
-            if 'dataset' not in d and not d.get('datasets')]
 
 
 def rescale(cfg: Any, factor: float) -> None:
@@ -125,72 +108,6 @@ def _sides(value):
     return []
 
 
-def data_format(cfg: Any) -> Optional[str]:
-    """The format a synthetic stand-in of the config's data is written in:
-    ``'coco'``, ``'coco_masks'``, ``'voc'`` or ``'dota'``; ``None`` for
-    another."""
-    types = [str(d.get('type', '')).lower() for d in _leaves(cfg)]
-    if any('panoptic' in t for t in types):
-        return None
-    if types and all('dota' in t for t in types):
-        return 'dota'
-    if types and all('voc' in t or 'xml' in t for t in types):
-        return 'voc'
-    if types and all('coco' in t for t in types):
-        return 'coco_masks' if _with_mask(cfg.train_dataloader.dataset) \
-            else 'coco'
-    return None
-
-
-def _with_mask(node):
-    """Whether a step of the pipelines loads masks."""
-    return any(d.get('with_mask') is True for _, d in config_dicts(node))
-
-
-def write_synthetic(kind: str, root: str, num_images: int,
-                    seed: int = 0) -> Dict[str, Any]:
-    """Write ``num_images`` synthetic 320 px images in ``kind``'s format
-    under ``root``.
-
-    Returns:
-        dict: The writer's description (``data_root`` ...).
-    """
-    side = 320
-    if kind in ('coco', 'coco_masks'):
-        return synthetic.make_coco_dataset(root, num_images=num_images,
-                                           image_size=side, seed=seed,
-                                           masks=kind == 'coco_masks')
-    if kind == 'voc':
-        data = synthetic.make_voc_dataset(
-            osp.join(root, VOC_YEAR), num_images=num_images,
-            image_size=side, seed=seed)
-        data['data_root'] = osp.abspath(root)
-        return data
-    return synthetic.make_dota_dataset(root, num_images=num_images,
-                                       image_size=side, seed=seed)
-
-
-def point_at(cfg: Any, kind: str, data: Dict[str, Any]) -> None:
-    """Every dataset of the config that reads files reads ``data`` (its
-    pipeline and filters as they are); in place."""
-    root = data['data_root']
-    for leaf in _leaves(cfg):
-        if kind in ('coco', 'coco_masks'):
-            leaf.update(data_root=root, ann_file=synthetic.COCO_ANN_FILE,
-                        data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
-        elif kind == 'voc':
-            leaf.update(data_root=root,
-                        ann_file=osp.join(VOC_YEAR, synthetic.VOC_SPLIT_FILE),
-                        data_prefix=dict(sub_data_root=VOC_YEAR + '/'))
-        else:
-            leaf.update(data_root=root, ann_file=synthetic.DOTA_ANN_DIR + '/',
-                        data_prefix=dict(
-                            img_path=synthetic.DOTA_IMG_DIR + '/'))
-    for wrapper in dataset_configs(cfg.train_dataloader.dataset):
-        if wrapper.get('type', '').endswith('RepeatDataset'):
-            wrapper['times'] = 1
-
-
 def _undownloaded(node):
     """``init_cfg``s of type ``Pretrained`` whose checkpoint is not a local
     file, and old-style ``pretrained`` URLs, set to ``None``; in place.
@@ -251,8 +168,8 @@ class Prepared(object):
 
 def prepare(config_path: str, data_dir: str, length: int,
             policy: Optional[str] = None, image_size: int = 320,
-            synthetic_data: bool = False,
-            distributed: bool = False) -> 'Prepared':
+            synthetic_data: bool = False, distributed: bool = False,
+            writes: bool = True, timeout: float = 900.0) -> 'Prepared':
     """Load and shorten the user's config for the drill.
 
     Args:
@@ -266,6 +183,9 @@ def prepare(config_path: str, data_dir: str, length: int,
         synthetic_data (bool): Use a synthetic dataset even where the
             config's own data is at hand.
         distributed (bool): Ranks of a process group train it.
+        writes (bool): This process writes the synthetic dataset (rank 0);
+            else it waits for it.
+        timeout (float): Seconds a rank waits for rank 0's dataset.
 
     Returns:
         Prepared: The config and what was changed.
@@ -274,12 +194,14 @@ def prepare(config_path: str, data_dir: str, length: int,
         DatasetError: The config cannot be loaded, or neither its data nor
             a synthetic stand-in can be had.
     """
-    from ..doctor._dataset import load_config, try_build_dataset
     from ..errors import DatasetError
     cfg = load_config(config_path, 'load')
     changes = []
+    side = short_side(cfg)
+    factor = float(image_size) / side if image_size and side and \
+        side > image_size else None
     data = 'own'
-    if synthetic_data or try_build_dataset(cfg)[0] is None:
+    if synthetic_data or not _own_data_here(cfg):
         data = data_format(cfg)
         if data is None:
             raise DatasetError(
@@ -287,10 +209,10 @@ def prepare(config_path: str, data_dir: str, length: int,
                 'has no synthetic stand-in of its format (COCO, VOC, DOTA): '
                 'run the drill where the data is'.format(config_path))
         images = BATCH * length * 8
-        point_at(cfg, data, write_synthetic(
-            data, data_dir, images))
-        changes.append('a synthetic {} dataset of {} images'.format(
-            data, images))
+        stand = stand_in(cfg, data, factor)
+        point_at(cfg, stand, write_stand_in(stand, data_dir, images, writes,
+                                            timeout))
+        changes.append(stand.says(images))
     loader = cfg.train_dataloader
     loader.update(batch_size=BATCH, num_workers=0, persistent_workers=False)
     # Assigned, not updated: ConfigDict.update merges into the old sampler.
@@ -300,9 +222,8 @@ def prepare(config_path: str, data_dir: str, length: int,
     changes.append('{} samples a batch, no loader workers'.format(BATCH))
     _shorten(cfg, length)
     changes.append('{} iterations'.format(length))
-    side = short_side(cfg)
-    if image_size and side and side > image_size:
-        rescale(cfg, float(image_size) / side)
+    if factor is not None:
+        rescale(cfg, factor)
         changes.append('images scaled {}/{}'.format(image_size, side))
     undownloaded = _undownloaded(cfg.model)
     if cfg.get('load_from') and not osp.isfile(str(cfg.load_from)):
@@ -327,6 +248,14 @@ def prepare(config_path: str, data_dir: str, length: int,
         cfg.model_wrapper_cfg = dict(wrapper, device_ids=None)
     _place_hook(cfg, policy)
     return Prepared(cfg, data, changes)
+
+
+def _own_data_here(cfg):
+    """Whether the config's own train dataset is here: it builds, or its
+    files are read and it is empty (its runs then say why, in the config's
+    terms, instead of training a stand-in its own data would not be)."""
+    return try_build_dataset(cfg)[0] is not None or \
+        empty_reason(cfg) is not None
 
 
 def _shorten(cfg, length):

@@ -21,6 +21,7 @@ from .._mmengine import unwrap_model
 from ..bundle import MANIFEST, REPORT
 from ..errors import DatasetError
 from ._config import hook_config, prepare, without_hook
+from ._data import empty_reason
 from ._faults import FaultInjector
 
 CLEAN_WITHOUT, CLEAN = 'clean_without', 'clean'
@@ -55,6 +56,14 @@ class _Probe(Hook):
 
     def __init__(self) -> None:
         self.losses, self.lrs = [], []
+        # The policy's counters after each iteration: under DDP a rank
+        # without the fault shows its part of a trigger by them alone.
+        self.counters = []
+        self.started = False
+
+    def before_train(self, runner: Any) -> None:
+        # The loop, its loader and dataset are built by now.
+        self.started = True
 
     def after_train_iter(self, runner: Any, batch_idx: int,
                          data_batch: Any = None,
@@ -63,6 +72,7 @@ class _Probe(Hook):
         self.losses.append(None if loss is None else float(loss))
         # get_lr: an OptimWrapperDict's too (mmagic's GANs).
         self.lrs.append(runner.optim_wrapper.get_lr())
+        self.counters.append({n: _scalar(runner, n) for n in _SCALARS})
 
 
 def _state(runner, probe):
@@ -169,14 +179,20 @@ def _train(cfg, fault, spec, rank):
     finally:
         if injector is not None:
             injector.remove()
+    said = None
+    if error is not None and not probe.started:
+        # It never trained: an empty dataset says why in the config's
+        # terms (else numpy's "need at least one array to concatenate").
+        said = empty_reason(cfg)
     model = None if runner is None else unwrap_model(runner.model)
     outcome = dict(
         iters=len(probe.losses),
+        counters=probe.counters,
         # The first iteration whose logged loss was not finite.
         nonfinite_loss_at=next((i for i, loss in enumerate(probe.losses)
                                 if loss is not None and
                                 not math.isfinite(loss)), None),
-        error=None if error is None else '{}: {}'.format(
+        error=None if error is None else said or '{}: {}'.format(
             type(error).__name__, str(error).splitlines()[0][:300]
             if str(error) else ''),
         error_type=None if error is None else type(error).__name__,
@@ -232,12 +248,15 @@ def run_all(spec: dict) -> None:
     results = read_results(path)
     results.setdefault('runs', {})
     try:
+        # One dataset for every rank, as real ranks train one: rank 0
+        # writes a stand-in, the others wait for it. Not ``data``: the
+        # data fault's run has that work dir.
         prepared = prepare(
-            spec['config'],
-            osp.join(spec['work_dir'], 'data.rank{}'.format(rank)),
+            spec['config'], osp.join(spec['work_dir'], 'synthetic'),
             spec['length'], policy=spec['policy'],
             image_size=spec['image_size'], synthetic_data=spec['synthetic'],
-            distributed=spec['launcher'] != 'none')
+            distributed=spec['launcher'] != 'none', writes=rank == 0,
+            timeout=spec['timeout'])
     except DatasetError as error:  # said in one line by ``mmnan drill``
         results['failed'] = str(error)
         write_results(path, results)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from mmengine.registry import MODELS
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..doctor._rules import config_dicts
+from ..doctor import config_dicts
 
 
 class _AllReduceSum(torch.autograd.Function):

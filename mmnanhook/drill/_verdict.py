@@ -141,10 +141,15 @@ def judge_fault(fault: str, outcome: Optional[dict], spec: dict,
     finite_after = planted.get('finite_after')
     if finite_after is None:  # the iteration raised: the weights as left
         finite_after = outcome['finite']
+    # DDP promises a rank without the fault the path of the rank with it,
+    # not a diagnosis of its own: a bundle is written where the fault was.
+    took = None if here or bundles or raised else _took(outcome, at)
     seen = 'trigger {} at iteration {}'.format(bundles[0]['trigger'], at) \
         if bundles else 'raised in iteration {}'.format(at) if raised else \
+        "rank {}'s trigger at iteration {}, followed here: {}".format(
+            planted_rank, at, took) if took else \
         'no trigger in iteration {}'.format(at)
-    checks = [Check('caught', (bundles or raised) and finite_after,
+    checks = [Check('caught', (bundles or raised or took) and finite_after,
                     '{}; weights {} after iteration {}'.format(
                         seen, 'finite' if finite_after else 'NOT finite',
                         at))]
@@ -156,6 +161,24 @@ def judge_fault(fault: str, outcome: Optional[dict], spec: dict,
                         'weights finite at the end' if outcome['finite']
                         else 'weights NOT finite at the end'))
     return Verdict(fault, rank, checks)
+
+
+# What a rise of each counter in an iteration says the rank did.
+_ACTS = (('nan_skipped', 'the step left out'),
+         ('samples_dropped', 'the step taken without the dropped samples'),
+         ('rewinds', 'a rewind'))
+
+
+def _took(outcome, at):
+    """What this rank did in iteration ``at`` by its policy's counters (a
+    step left out, samples dropped, a rewind), or ``None``: nothing."""
+    counters = outcome.get('counters') or []
+    if len(counters) <= at:
+        return None
+    before = counters[at - 1] if at > 0 else {}
+    acts = [what for name, what in _ACTS
+            if counters[at].get(name, 0) > before.get(name, 0)]
+    return ' and '.join(acts) or None
 
 
 def _files(bundles):

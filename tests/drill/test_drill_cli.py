@@ -1,8 +1,10 @@
 """``mmnan drill`` in a fresh process, as a user runs it, on the tiny
 RetinaNet config of ``configs/`` (its data synthetic: the config's files
-are not there): every fault held under the default policy and under
-'drop'; a copy of mmnanhook whose gradient check is blind fails the
-drill (exit 1, naming the fault); bad options are bad input (exit 2).
+are not there): every fault held under the default policy, and under
+'drop' on a child of it with its own classes; a copy of mmnanhook whose
+gradient check is blind fails the drill (exit 1, naming the fault); a
+config whose classes leave its own data empty is said so (exit 1); bad
+options are bad input (exit 2).
 
 The zoo's configs are drilled in tests/zoo/test_zoo_drill.py.
 """
@@ -12,7 +14,8 @@ import os.path as osp
 
 import pytest
 
-from mmnan_testing import testbed
+from mmnanhook.demo import synthetic
+from mmnan_testing import families, testbed
 from mmnan_testing.cli import assert_bad_input, mmnan, mmnan_patched
 
 # Fresh processes training four times each: in make test on the DOTA leg,
@@ -65,10 +68,17 @@ def test_every_fault_holds_under_raise(tmp_path):
 
 
 def test_drop_quarantines_the_planted_sample(tmp_path):
-    result = mmnan('drill', TINY, '--work-dir', tmp_path, '--policy', 'drop')
+    """On the commonest config there is: a child with its own classes (as
+    many in the head), its data not here and ``'drop'`` in its
+    ``default_hooks``. Before issue 64 its stand-in was in other classes,
+    which its metainfo filtered out: every run failed (``ValueError: need
+    at least one array to concatenate``)."""
+    child = families.own_classes_child(tmp_path, TINY)
+    result = mmnan('drill', child, '--work-dir', tmp_path / 'drill')
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert out.rstrip().endswith('all hold')
+    assert 'in its 3 classes (balloon, kangaroo, fish)' in out
     policy = [line for line in out.splitlines()
               if line.strip().startswith('ok  policy')]
     assert len(policy) == 3, out
@@ -92,6 +102,27 @@ def test_a_blind_gradient_check_fails_the_drill(tmp_path):
         'NOT finite after iteration 1', result.stdout
     assert 'data   holds' in result.stdout
     assert 'loss   holds' in result.stdout
+
+
+def test_a_dataset_its_classes_leave_empty_is_said(tmp_path):
+    """Its own data is here, in other classes than its ``metainfo``'s: the
+    clean runs say which dataset and which filter left it empty (numpy's
+    ``need at least one array to concatenate`` before)."""
+    own = str(tmp_path / 'own')
+    synthetic.make_coco_dataset(own, num_images=4)  # cat and dog
+    child = families.own_classes_child(tmp_path, TINY, data_root=own + '/')
+    result = mmnan('drill', child, '--work-dir', tmp_path / 'drill')
+    assert result.returncode == 1, result.stdout + result.stderr
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last == (
+        'FAILS: clean trains: without mmnanhook: the train dataset is empty: '
+        'CocoDataset of {}/annotations/train.json: none of its classes '
+        '(balloon, kangaroo, fish) is a category of its annotation file, and '
+        'filter_cfg=dict(filter_empty_gt=True, min_size=32) left none of its '
+        '4 images'.format(own)), result.stdout
+    assert 'need at least one array' not in result.stdout
+    # Its own data, not a stand-in it would not train on either.
+    assert 'synthetic' not in result.stdout
 
 
 @pytest.mark.parametrize('args, expected', [

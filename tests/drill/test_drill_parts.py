@@ -1,15 +1,22 @@
-"""The drill's parts without training: the shortened config, the sampler,
-the bitwise comparison and the verdicts' reading of a run's outcome."""
+"""The drill's parts without training: the shortened config, its data (the
+synthetic stand-in in the config's classes, format and sizes, one for every
+rank; why a dataset is empty), the sampler, the bitwise comparison and the
+verdicts' reading of a run's outcome."""
+import json
 import os.path as osp
+import threading
 
 import pytest
 import torch
 
-from mmnanhook.drill._config import (data_format, hook_config, prepare,
-                                     without_hook)
+from mmnanhook.demo import synthetic
+from mmnanhook.drill._config import hook_config, prepare, without_hook
+from mmnanhook.drill._data import (StandIn, data_format, empty_reason,
+                                   write_stand_in)
 from mmnanhook.drill._runs import first_difference
 from mmnanhook.drill._verdict import judge_clean, judge_fault
-from mmnan_testing import testbed, zoo
+from mmnanhook.errors import DatasetError
+from mmnan_testing import families, testbed, zoo
 
 SPEC = dict(iter=1, rank=0, length=3)
 
@@ -179,3 +186,201 @@ def test_a_data_fault_is_named_by_its_file_or_by_its_place(samples, indices,
             sample_indices=indices)]), SPEC, 'raise', 0)
     named = [c for c in verdict.checks if c.name == 'named'][0]
     assert (named.ok, named.detail) == (ok, detail)
+
+
+TINY = osp.join(testbed.config_dir(), 'tiny_retinanet.py')
+
+
+def _built(cfg):
+    from mmengine.registry import DATASETS
+    return DATASETS.build(cfg.train_dataloader.dataset)
+
+
+def _labels(dataset):
+    return {int(instance['bbox_label']) for index in range(len(dataset))
+            for instance in dataset.get_data_info(index)['instances']}
+
+
+@pytest.mark.mmdet
+def test_the_stand_in_is_in_the_configs_own_classes(tmp_path):
+    """Issue 64: a child config with its own ``metainfo`` classes trained
+    nothing (``need at least one array to concatenate``): its stand-in was
+    written in other classes, which its metainfo filtered out."""
+    child = families.own_classes_child(tmp_path, TINY)
+    prepared = prepare(child, str(tmp_path / 'data'), 3)
+    assert prepared.changes[0] == (
+        'a synthetic coco dataset of 48 images of 320 px in its 3 classes '
+        '(balloon, kangaroo, fish)')
+    dataset = _built(prepared.cfg)
+    assert len(dataset) == 48
+    assert dataset.metainfo['classes'] == families.OWN_CLASSES
+    assert _labels(dataset) == {0, 1, 2}
+    leaf = prepared.cfg.train_dataloader.dataset
+    with open(osp.join(leaf.data_root, leaf.ann_file)) as f:
+        categories = json.load(f)['categories']
+    assert tuple(c['name'] for c in categories) == families.OWN_CLASSES
+
+
+@pytest.mark.mmdet
+def test_the_stand_in_keeps_what_the_filter_keeps(tmp_path):
+    # Images at least the filter's min_size, else it would keep none.
+    child = families.own_classes_child(tmp_path, TINY)
+    with open(child, 'a') as f:
+        f.write('train_dataloader.update(dataset=dict(filter_cfg=dict('
+                'filter_empty_gt=True, min_size=400)))\n')
+    prepared = prepare(child, str(tmp_path / 'data'), 1)
+    assert 'of 400 px' in prepared.changes[0]
+    assert len(_built(prepared.cfg)) == 16
+
+
+@pytest.mark.mmdet
+def test_the_stand_in_of_a_voc_config_is_in_its_classes(tmp_path):
+    child = families.own_classes_child(
+        tmp_path, osp.join(testbed.config_dir(), 'tiny_retinanet_voc.py'))
+    prepared = prepare(child, str(tmp_path / 'data'), 1)
+    assert prepared.data == 'voc'
+    dataset = _built(prepared.cfg)
+    assert len(dataset) == 16 and _labels(dataset) == {0, 1, 2}
+
+
+@pytest.mark.mmdet
+def test_a_zoo_stand_in_is_in_the_dataset_classes_the_model_has(tmp_path):
+    if not zoo.available('retinanet_r50'):
+        pytest.skip('mmdet is not installed here')
+    # No metainfo: CocoDataset's own 80 classes.
+    prepared = prepare(zoo.shipped_config('retinanet_r50'),
+                       str(tmp_path / 'shipped'), 1)
+    assert prepared.changes[0].endswith(
+        'in its 80 classes (person, bicycle, car, motorcycle, airplane, ... '
+        '(80 in all))')
+    # A head of 3 classes and no metainfo: labels past 2 no head has.
+    child = tmp_path / 'child.py'
+    child.write_text('_base_ = {!r}\nmodel = dict(bbox_head=dict('
+                     'num_classes=3))\n'.format(
+                         zoo.shipped_config('retinanet_r50')))
+    prepared = prepare(str(child), str(tmp_path / 'child'), 1)
+    assert prepared.changes[0].endswith(
+        'in the first 3 of its 80 classes (the model has num_classes=3): '
+        'person, bicycle, car')
+    assert _labels(_built(prepared.cfg)) == {0, 1, 2}
+
+
+def test_the_fewest_classes_of_a_head_but_an_rpns():
+    from mmnanhook.drill._data import num_classes
+    assert num_classes(dict(
+        rpn_head=dict(num_classes=1),
+        roi_head=dict(bbox_head=dict(num_classes=3),
+                      mask_head=dict(num_classes=80)))) == 3
+    assert num_classes(dict(backbone=dict(depth=50))) is None
+
+
+@pytest.mark.mmrotate
+def test_the_dota_stand_in_is_in_its_classes_and_declared_shape(tmp_path):
+    child = families.own_classes_child(
+        tmp_path, osp.join(testbed.config_dir(), 'tiny_rotated_retinanet.py'))
+    prepared = prepare(child, str(tmp_path / 'child'), 1)
+    # DOTADataset declares every image (64, 64).
+    assert prepared.changes[0] == (
+        'a synthetic dota dataset of 16 images of 64 px in its 3 classes '
+        '(balloon, kangaroo, fish)')
+    dataset = _built(prepared.cfg)
+    assert len(dataset) == 16 and _labels(dataset) == {0, 1, 2}
+    if not zoo.available('rotated_retinanet'):
+        return
+    # 1024 px declared, scaled as the pipeline is: 320 px written.
+    prepared = prepare(zoo.shipped_config('rotated_retinanet'),
+                       str(tmp_path / 'zoo'), 1)
+    leaf = prepared.cfg.train_dataloader.dataset
+    assert tuple(leaf.img_shape) == (320, 320)
+    assert 'of 320 px in its 15 classes (plane, ' in prepared.changes[0]
+    image = synthetic.cv2.imread(_built(prepared.cfg).get_data_info(0)[
+        'img_path'])
+    assert image.shape[:2] == (320, 320)
+
+
+@pytest.mark.mmdet
+def test_an_empty_dataset_is_said_in_the_configs_terms(tmp_path):
+    """Its own data is here, and its classes and filter leave none of it:
+    said as such (numpy's ``need at least one array to concatenate``
+    before), and no stand-in is trained instead."""
+    own = str(tmp_path / 'own')
+    synthetic.make_coco_dataset(own, num_images=4)  # cat and dog
+    child = families.own_classes_child(tmp_path, TINY, data_root=own + '/')
+    prepared = prepare(child, str(tmp_path / 'data'), 3)
+    assert prepared.data == 'own'
+    assert empty_reason(prepared.cfg) == (
+        'the train dataset is empty: CocoDataset of {}/annotations/train.json'
+        ': none of its classes (balloon, kangaroo, fish) is a category of its '
+        'annotation file, and filter_cfg=dict(filter_empty_gt=True, '
+        'min_size=32) left none of its 4 images'.format(own))
+    # Its classes right, its filter keeps no image of 64 px.
+    prepared.cfg.train_dataloader.dataset.update(
+        metainfo=dict(classes=('cat', 'dog')),
+        filter_cfg=dict(filter_empty_gt=True, min_size=100))
+    assert empty_reason(prepared.cfg) == (
+        'the train dataset is empty: CocoDataset of {}/annotations/train.json'
+        ': filter_cfg=dict(filter_empty_gt=True, min_size=100) left none of '
+        'its 4 images'.format(own))
+    prepared.cfg.train_dataloader.dataset.filter_cfg.min_size = 32
+    assert empty_reason(prepared.cfg) is None
+
+
+def test_every_rank_reads_the_stand_in_rank_0_wrote(tmp_path):
+    stand = StandIn('coco', ('a', 'b'), 64)
+    root = str(tmp_path / 'data')
+    waited = {}
+    waiter = threading.Thread(target=lambda: waited.update(
+        root=write_stand_in(stand, root, 4, writes=False, timeout=60)))
+    waiter.start()
+    assert write_stand_in(stand, root, 4) == root
+    waiter.join(60)
+    assert waited['root'] == root
+    assert osp.isfile(osp.join(root, synthetic.COCO_ANN_FILE))
+    with pytest.raises(DatasetError, match='rank 0 did not write the '
+                       'synthetic dataset in .* within 0.3 s'):
+        write_stand_in(stand, str(tmp_path / 'never'), 4, writes=False,
+                       timeout=0.3)
+    # A failed write is said to the ranks that wait for it.
+    broken = StandIn('coco', (), 64)  # no class to draw a label from
+    with pytest.raises(DatasetError) as written:
+        write_stand_in(broken, str(tmp_path / 'broken'), 4)
+    with pytest.raises(DatasetError) as waiting:
+        write_stand_in(broken, str(tmp_path / 'broken'), 4, writes=False,
+                       timeout=60)
+    assert str(written.value).startswith(
+        'cannot write the synthetic dataset in ')
+    assert str(waiting.value) == 'rank 0 ' + str(written.value)
+
+
+def _counters(*skipped):
+    return [dict(nan_skipped=s, samples_dropped=0, rewinds=0)
+            for s in skipped]
+
+
+def test_a_rank_without_the_fault_is_judged_by_the_path_it_took():
+    """DDP: rank 1's loss fault, its bundle on rank 1 alone; rank 0 left
+    the step out with it. Before, rank 0 was judged as if it had the fault
+    itself: 'no trigger in iteration 1'."""
+    spec = dict(iter=1, rank=1, length=3)
+    planted = dict(kind='loss', iter=1, rank=1, name=None, hit=False,
+                   finite_after=True)
+    outcome = _outcome(planted=planted, counters=_counters(0, 1, 1),
+                       scalars=dict(nan_skipped=1, samples_dropped=0,
+                                    rewinds=0))
+    verdict = judge_fault('loss', outcome, spec, 'drop', 0)
+    assert verdict.ok, [c.to_dict() for c in verdict.checks]
+    assert [c.name for c in verdict.checks] == ['caught', 'policy', 'finite']
+    assert verdict.checks[0].detail == (
+        "rank 1's trigger at iteration 1, followed here: the step left out; "
+        'weights finite after iteration 1')
+    # A rank that stepped on (its counters still) took no part in it.
+    outcome.update(counters=_counters(0, 0, 0), scalars=dict(
+        nan_skipped=0, samples_dropped=0, rewinds=0))
+    verdict = judge_fault('loss', outcome, spec, 'drop', 0)
+    assert verdict.failed.detail == ('no trigger in iteration 1; weights '
+                                     'finite after iteration 1')
+    # The rank that had it must have written its bundle.
+    outcome.update(counters=_counters(0, 1, 1), planted=dict(
+        planted, name='loss_cls', hit=True))
+    assert judge_fault('loss', outcome, spec, 'drop', 1).failed.name == \
+        'caught'

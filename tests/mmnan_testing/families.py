@@ -143,6 +143,32 @@ def drill(config, work_dir, *args, **kwargs):
     return result.returncode, found, result.stderr
 
 
+# A user's own classes, none of them COCO's, VOC's or DOTA's.
+OWN_CLASSES = ('balloon', 'kangaroo', 'fish')
+
+
+def own_classes_child(directory, base, head='bbox_head', classes=OWN_CLASSES,
+                      policy='drop', data_root='/nonexistent/own_data/'):
+    """The commonest config there is, written into ``directory``: a child of
+    ``base`` (a path, or ``mmdet::...``) with its own ``classes`` on the
+    train dataset, as many in the model's ``head``, a ``data_root`` that is
+    not on this machine and ``policy`` in ``default_hooks``; its path."""
+    path = osp.join(str(directory), 'own_classes.py')
+    with open(path, 'w') as f:
+        f.write('\n'.join([
+            '_base_ = {!r}'.format(base),
+            'classes = {!r}'.format(tuple(classes)),
+            'train_dataloader = dict(dataset=dict(',
+            '    data_root={!r}, metainfo=dict(classes=classes)))'.format(
+                data_root),
+            'model = dict({}=dict(num_classes={}))'.format(head,
+                                                           len(classes)),
+            'default_hooks = dict(nan_detect=dict(',
+            "    type='mmnanhook.NanDetectHook', policy={!r}))".format(policy),
+            '']))
+    return path
+
+
 def first_failure(found):
     """``'<run> <check>: <detail>'`` of a drill's first check that does not
     hold, or ``None``."""

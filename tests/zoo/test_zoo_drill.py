@@ -1,10 +1,12 @@
 """``mmnan drill`` on the zoo's own configs, each in a fresh process as a
 user runs it (synthetic data in the config's format, 320 px):
 
-* mmdet's RetinaNet R50 (default policy), mmrotate's rotated RetinaNet
-  (``'drop'``), mmyolo's YOLOv5-s (its dict collate) and RTMDet-tiny over
-  two gloo ranks under torch's launcher (the faults on rank 1; its SyncBN as
-  the drill's CPU all-reduce norm): every verdict holds;
+* a user's child of mmdet's RetinaNet R50 (its own three classes, as many
+  in the head, its data not here, ``'drop'`` in its ``default_hooks``),
+  mmrotate's rotated RetinaNet (``'drop'``), mmyolo's YOLOv5-s (its dict
+  collate) and RTMDet-tiny over two gloo ranks under torch's launcher
+  (``'drop'``, the faults on rank 1; its SyncBN as the drill's CPU
+  all-reduce norm; one dataset for both ranks): every verdict holds;
 * VFNet with a scratch copy of mmnanhook whose input check is off: the NaN
   image kills the run's process in mmcv's deformable convolution
   (SIGSEGV); the drill says so and exits 1, and the remaining fault's run
@@ -23,6 +25,7 @@ limit.
 import datetime
 import os
 import os.path as osp
+import re
 
 import pytest
 
@@ -57,9 +60,24 @@ def _shipped(name):
 
 
 @pytest.mark.mmdet
-def test_retinanet_r50_holds(tmp_path):
+def test_a_child_of_the_retinanet_r50_with_its_own_classes_holds(tmp_path):
+    """The commonest config there is (issue 64): a child of the zoo's R50
+    (``mmdet::``) with its own three classes, as many in the head, a
+    ``data_root`` not on this machine and ``'drop'`` in its
+    ``default_hooks``. Before, its stand-in was in COCO's classes, which its
+    ``metainfo`` filtered out to nothing: every run failed (``ValueError:
+    need at least one array to concatenate``), exit 1."""
     _modern_leg_only('the RetinaNet R50')
-    _holds(*families.drill(_shipped('retinanet_r50'), tmp_path))
+    _shipped('retinanet_r50')
+    child = families.own_classes_child(
+        tmp_path, 'mmdet::' + zoo.ZOO['retinanet_r50'].path)
+    code, found, stderr = families.drill(child, tmp_path / 'drill')
+    _holds(code, found, stderr)
+    assert found['changes'][0].endswith(
+        'in its 3 classes (balloon, kangaroo, fish)')
+    data = [v for v in found['verdicts'] if v['run'] == 'data'][0]
+    policy = [c for c in data['checks'] if c['name'] == 'policy'][0]
+    assert "'drop': 1 sample(s) dropped, quarantined: " in policy['detail']
 
 
 @pytest.mark.mmrotate
@@ -88,16 +106,32 @@ def test_yolov5_s_holds(tmp_path):
 @pytest.mark.mmdet
 @pytest.mark.ddp
 def test_rtmdet_tiny_holds_on_two_ranks(tmp_path):
+    """Under ``'drop'`` (issue 64): each rank drilled a synthetic copy of
+    its own, so rank 1's dropped sample could not be quarantined (no index
+    of rank 0's dataset loaded it), and rank 0, which had not the loss
+    fault and so wrote no bundle, was judged as if it had: 'no trigger in
+    iteration 1'. Both ranks failed; the zoo's SyncBN Mask R-CNN of
+    ``strong_baselines`` failed alike."""
     config = _shipped('rtmdet_tiny')
     output = _launch([launch_command(
         ['-m', 'mmnanhook', 'drill', config, '--launcher', 'pytorch',
-         '--rank', '1', '--work-dir', str(tmp_path)], nproc=2)], 1200)
+         '--rank', '1', '--policy', 'drop', '--work-dir', str(tmp_path)],
+        nproc=2)], 1200)
     assert output.count('\nall hold') == 2 and 'FAILS' not in output, \
         output[-6000:]
     assert '(rank 0)' in output and '(rank 1)' in output
     # Named where planted: on rank 1 alone.
     assert output.count('ok  named ') == 3, output[-6000:]
     assert "SyncBN as the drill's CPU all-reduce batch norm" in output
+    # One dataset for both ranks: rank 1's sample quarantined, on both.
+    planted = re.search(r'ok  named     sample (\S+) planted',
+                        output).group(1)
+    assert planted.startswith(osp.join(str(tmp_path), 'synthetic', ''))
+    assert output.count("ok  policy    'drop': 1 sample(s) dropped, "
+                        'quarantined: ' + planted + '\n') == 2, output[-6000:]
+    # Rank 0 judged by the path DDP promises it: rank 1's.
+    assert "ok  caught    rank 1's trigger at iteration 1, followed here: " \
+        'the step left out;' in output, output[-6000:]
 
 
 @pytest.mark.mmdet
