@@ -5,13 +5,14 @@ raised (``mmnanhook.distributed.Ranks.before_backward``): one all-reduce of one
 float per rank over gloo, on the host (under NCCL too: a gloo group of its
 own, never a device sync). The first collective a train step calls from
 Python (mmdet's ``reduce_mean``) is voted before too (``ForwardGuard``), the
-others only recorded once a step was; one inside a batch norm that shares
-statistics is only looked at (exempt). This script starts ``--ranks``
+others only recorded once a step was, a batch norm's that shares statistics
+too (issue 65; before, exempt: only looked at). This script starts ``--ranks``
 processes with torch's launcher and times, on each, ``--votes`` calls one
 after the other (the median and the 90th percentile, after ``--warmup``): a
 vote, a plain ``dist.barrier()`` and ``all_reduce`` of one float for scale,
-and that ``all_reduce`` guarded (voted: nothing recorded yet; recorded;
-exempt). Compare with a training iteration: one vote per micro-step, one
+and that ``all_reduce`` guarded (voted: nothing recorded yet; recorded; a
+batch norm's, recorded). The guard's host time alone, without the
+collective's: ``benchmarks/guard_host.py``. Compare with a training iteration: one vote per micro-step, one
 more before the first collective of the loss.
 
 Usage::
@@ -39,11 +40,11 @@ def _measure(votes, warmup):
     def all_reduce():
         dist.all_reduce(tensor)
 
-    def guarded(exempt):
+    def guarded(norm):
         # The guard of a train step around a collective of this script's
-        # (mmdet's reduce_mean), or exempt (a SyncBN's). In the first step
-        # nothing is recorded: each is voted before.
-        guard = ForwardGuard(ranks, ('__main__', ) if exempt else ())
+        # (mmdet's reduce_mean), or a batch norm's (a SyncBN's). In the
+        # first step nothing is recorded: each is voted before.
+        guard = ForwardGuard(ranks, ('__main__', ) if norm else ())
         guard.install()
         guard.begin(lambda: 0)
 
@@ -79,9 +80,12 @@ def _measure(votes, warmup):
     step()
     timings['all_reduce, guarded (recorded)'] = timed(voted)
     unvote()
-    exempt, _, unexempt = guarded(True)
-    timings['all_reduce, guarded (exempt)'] = timed(exempt)
-    unexempt()
+    norm, norm_step, unnorm = guarded(True)
+    # The first step records them (each voted before).
+    timed(norm)
+    norm_step()
+    timings["all_reduce, guarded (a norm's, recorded)"] = timed(norm)
+    unnorm()
     if dist.get_rank() == 0:
         print(json.dumps(dict(ranks=dist.get_world_size(), votes=votes,
                               **timings)))

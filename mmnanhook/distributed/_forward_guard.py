@@ -19,21 +19,25 @@ from ._collectives import (COLLECTIVES, collective_outputs,
                            collective_signature, zeros)
 from ._ranks import Ranks, run_timeout
 
-# mmnanhook itself, by the name it was imported under.
+# mmnanhook itself, by the name it was imported under: its collectives (the
+# votes, the check, the exchange) are neither voted on nor recorded.
 _PACKAGE = __name__.split('.')[0] + '.'
-# Callers whose collectives need no vote: mmnanhook's own (the votes, the
-# check, the exchange), and those inside batch norms that share their
-# statistics (before the loss: a forward that raises among them is beyond
-# any vote).
-_EXEMPT = (_PACKAGE, 'torch.nn.modules._functions',
-           'torch.nn.modules.batchnorm', 'mmcv.ops.sync_bn')
+# Batch norms that share their statistics: their forward's collectives are
+# recorded (a rank that abandons the step answers them) and voted on like
+# any other, but are not the train step's own (not counted in ``seen``, not
+# answered to a replay, which makes these modules local); their backward's
+# need no vote (every rank voted before its backward).
+_NORMS = ('torch.nn.modules._functions', 'torch.nn.modules.batchnorm',
+          'mmcv.ops.sync_bn')
+# Who calls a collective (ForwardGuard._caller).
+_OWN, _NORM, _MODEL = 'own', 'norm', 'model'
 
 
 class ForwardGuard(object):
     """While a train step runs, no rank waits in a collective it calls from
-    Python (but mmnanhook's own, and those of batch norms that share
-    statistics) for a rank whose forward raised: that rank votes so from
-    its handler, and the others stop at a vote (:class:`PeerForwardFailed`).
+    Python (but mmnanhook's own) for a rank whose forward raised: that rank
+    votes so from its handler, and the others stop at a vote
+    (:class:`PeerForwardFailed`).
 
     A vote is a host round trip: one before every collective would cost
     mmdet's DINO 26 a step (a ``reduce_mean`` per loss term and decoder
@@ -61,19 +65,29 @@ class ForwardGuard(object):
     collective or DDP's forward. A rank whose data preprocessor raised thus
     never leaves its peers waiting in DDP's broadcasts.
 
+    The forward's batch norms that share their statistics (torch's and
+    mmcv's ``SyncBatchNorm``, the model's own communicating modules) are
+    entries of the record as any collective, and the first entry of a step
+    may be one of them: a rank stopped on entry to its forward (the input
+    check) or anywhere in it answers the others' statistics with zeros up to
+    their next vote, and in the first step they vote before each (issue 65:
+    before, their collectives were exempt, and the others waited in the
+    first for a rank that had stopped). Their backward's collectives are not
+    voted on: every rank voted before its backward.
+
     Args:
         ranks (Ranks): The run's ranks.
-        exempt (iterable[str]): More modules whose collectives need no vote
-            (those of the model's own communicating modules).
+        norms (iterable[str]): More modules whose collectives share batch
+            statistics (those of the model's own communicating modules).
 
     Attributes:
         seen (int): Collectives the train steps called: a rank without
             samples could not take part in them.
     """
 
-    def __init__(self, ranks: Ranks, exempt: Iterable[str] = ()) -> None:
+    def __init__(self, ranks: Ranks, norms: Iterable[str] = ()) -> None:
         self.ranks = ranks
-        self.exempt = _EXEMPT + tuple(exempt)
+        self.norms = _NORMS + tuple(norms)
         self.active = False
         self.seen = 0
         self._real = {}
@@ -81,8 +95,8 @@ class ForwardGuard(object):
         # raised on no rank, before its first backward.
         self._record = None
         # This step's so far, how many of them returned, and what each
-        # returned (collective_outputs): a replay of the step is answered
-        # with it.
+        # returned (collective_outputs; None for a norm's): a replay of the
+        # step is answered with it.
         self._calls = []
         self._done = 0
         self._results = []
@@ -193,7 +207,8 @@ class ForwardGuard(object):
         each with what it returned: ``[(signature, outputs)]``
         (:func:`collective_signature`; :func:`collective_outputs`), for
         replays of the step (:func:`~mmnanhook.diagnosis.local_replays`)."""
-        return list(zip(self._calls, self._results))
+        return [(call, outputs) for call, outputs in
+                zip(self._calls, self._results) if outputs is not None]
 
     def communicates(self,
                      modules: Iterable[Tuple[str, Any]]) -> List[str]:
@@ -213,16 +228,23 @@ class ForwardGuard(object):
         @compat.not_traced  # called from a compiled forward's losses
         @functools.wraps(real)
         def guarded(*args: Any, **kwargs: Any) -> Any:
-            if not guard.active or guard._exempt(sys._getframe(1)):
+            if not guard.active:
                 return real(*args, **kwargs)
-            guard.seen += 1
+            caller = guard._caller(sys._getframe(1))
+            if caller is _OWN:
+                return real(*args, **kwargs)
+            norm = caller is _NORM
+            if not norm:
+                guard.seen += 1
             if guard._backwards() != guard._first:
-                guard.ranks.before_backward()
+                if not norm:
+                    guard.ranks.before_backward()
                 return real(*args, **kwargs)
             guard._before(collective_signature(name, args, kwargs))
             result = real(*args, **kwargs)
             guard._done += 1
-            guard._results.append(collective_outputs(name, args, kwargs))
+            guard._results.append(
+                None if norm else collective_outputs(name, args, kwargs))
             return result
 
         return guarded
@@ -275,16 +297,21 @@ class ForwardGuard(object):
             self.ranks.before_backward()
         self._waited = self._waited or waits
 
-    def _exempt(self, frame):
-        # The first caller outside torch's and mmengine's wrappers decides
-        # (and outside the not_traced wrapper of guarded itself).
+    def _caller(self, frame):
+        """Whose collective it is: :data:`_NORM` (a batch norm's; mmnanhook's
+        own stand-in included), :data:`_OWN` (mmnanhook's) or
+        :data:`_MODEL`. The first caller outside torch's and mmengine's
+        wrappers decides (and outside the not_traced wrapper of guarded
+        itself)."""
         while frame is not None:
             name = frame.f_globals.get('__name__', '')
             if not name.startswith(('torch.distributed', 'mmengine.dist',
                                     'torch._dynamo')):
-                return name.startswith(self.exempt)
+                if name.startswith(self.norms):
+                    return _NORM
+                return _OWN if name.startswith(_PACKAGE) else _MODEL
             frame = frame.f_back
-        return False
+        return _MODEL
 
 
 def start_distributed(

@@ -30,9 +30,16 @@ class Answer(object):
         lines = []
         if self.report is not None and self.report.summary:
             lines.append(self.report.summary)
-        # Under DDP every rank stops naming what stopped them all.
+        # Under DDP every rank stops naming what stopped them all: a rank
+        # that did not diagnose (its forward went fine) names the samples
+        # the others found, as rank 0's log is the one users read.
         lines.extend("rank %d's forward raised %s" % (f.rank, f.error)
                      for f in self.findings or () if f.error)
+        if self.report is None:
+            lines.extend('rank %d: sample %s (%s)%s' % (
+                f.rank, s.index, s.img_path or 'no img_path',
+                ''.join(': ' + p.text for p in s.problems[:1]))
+                for f in self.findings or () for s in f.samples)
         fix = self.report.verified_fix() if self.report is not None else None
         if fix is not None:
             # The one line a user acts on: proven on the failing iteration.

@@ -73,10 +73,9 @@ class HookRun(Listener):
             self.forward_guard.watch(runner.model)
         for sentinel in self.handle.sentinels:
             sentinel.ranks = self.ranks
-        # Not under DDP yet: a rank stopped on entry to its forward leaves
-        # the others waiting in the collectives of theirs (SyncBN) where
-        # the forward guard cannot yet answer them (docs/recovery.md).
-        self.inputs = InputCheck(module if self.ranks is None else None)
+        # Under DDP too: a rank stopped on entry to its forward answers the
+        # others' collectives of theirs (the forward guard).
+        self.inputs = InputCheck(module)
         self.verified = False
         self.train_iters = 0
         self.memory = StepMemory(max(

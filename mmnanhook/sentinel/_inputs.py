@@ -9,9 +9,10 @@ preprocessed inputs (one host sync); a sample whose inputs are not finite
 makes the model's own forward raise :class:`~mmnanhook.errors.
 NonFiniteInputError` on entry (a forward pre-hook), before any op of it ran,
 and the step goes the way of any forward that raised (the policy;
-``'drop'`` recomputes the step without them). Not installed under DDP yet:
-a rank stopped there leaves the others waiting in their forward's
-collectives (SyncBN) before the forward guard can answer them. The
+``'drop'`` recomputes the step without them). Under DDP the other ranks
+learn it at their next vote, and the rank stopped there answers their
+forward's collectives up to it (:class:`~mmnanhook.distributed.
+ForwardGuard`: DDP's buffer broadcast, SyncBN's statistics). The
 hook sees only the train step's call (the ``training`` flag is a keyword
 under DDP, which torch < 2.0 does not hand to hooks): the replays of a
 diagnosis check their inputs themselves.

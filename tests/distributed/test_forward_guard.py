@@ -3,6 +3,7 @@ collectives and the vote: which collectives of a train step are voted
 before, and what a rank whose forward raised calls for the others (two real
 ranks: tests/sentinel/test_ddp.py)."""
 import datetime
+import types
 
 import pytest
 import torch
@@ -11,6 +12,14 @@ import torch.distributed as dist
 from mmnanhook.distributed import ForwardGuard
 
 NAMES = ('all_reduce', 'all_gather', 'broadcast', 'all_gather_object')
+
+# A batch norm that shares its statistics, as the guard sees one: a module
+# of its ``norms`` whose forward all-reduces them (mmcv's SyncBN does so
+# from ``mmcv.ops.sync_bn``).
+NORM = types.ModuleType('stand_in_sync_bn')
+exec('import torch.distributed as dist\n'
+     'def statistics(tensor):\n'
+     '    dist.all_reduce(tensor)\n', NORM.__dict__)
 
 
 class Votes(object):
@@ -46,7 +55,7 @@ class Guarded(object):
             monkeypatch.setattr(dist, name, self._collective(name),
                                 raising=False)
         self.votes = Votes()
-        self.guard = ForwardGuard(self.votes)
+        self.guard = ForwardGuard(self.votes, [NORM.__name__])
         self.guard.install()
 
     def _collective(self, name):
@@ -67,6 +76,8 @@ class Guarded(object):
         for collective in collectives:
             if collective == 'backward':
                 self.backwards += 1
+            elif collective[0] == 'norm':
+                NORM.statistics(*collective[1])
             else:
                 name, args, kwargs = collective
                 getattr(dist, name)(*args, **kwargs)
@@ -166,5 +177,54 @@ def test_no_collective_is_called_where_the_others_wait_in_a_vote(run, case):
         dist.all_reduce(torch.ones(1), op=dist.ReduceOp.SUM)
     del run.calls[:]
     run.guard.abandon(case != 'peer')
+    assert run.calls == []
+    run.guard.end()
+
+
+def norm(channels=4):
+    return 'norm', (torch.ones(2 * channels + 1), )
+
+
+def test_a_norms_statistics_are_voted_on_and_recorded_as_any_collective(
+        run):
+    """Issue 65: a batch norm's collectives were exempt, so that a rank
+    stopped before its first one left the others waiting in it."""
+    step = [norm(), norm(8), reduce(), norm()]
+    # The first step votes before each; then before the first alone, which
+    # may be a norm's.
+    assert run.step(*step) == 4
+    assert run.step(*step) == 1
+    assert run.step(*step[:2] + [norm(), reduce()]) == 3
+    # Not the train step's own: neither counted nor answered to a replay.
+    assert run.guard.seen == 3
+    run.guard.begin(lambda: run.backwards)
+    for collective in step:
+        NORM.statistics(*collective[1]) if collective[0] == 'norm' else \
+            dist.all_reduce(*collective[1], **collective[2])
+    assert [c[0][0] for c in run.guard.step_collectives()] == ['all_reduce']
+    run.guard.end()
+
+
+def test_a_norms_backward_is_neither_voted_on_nor_recorded(run):
+    run.step(norm())
+    assert run.step(norm(), 'backward', norm(), norm()) == 1
+    # The record is the forward's alone.
+    assert run.step(norm()) == 1
+
+
+@pytest.mark.parametrize('first_step', [False, True])
+def test_a_rank_stopped_before_its_first_collective_answers_the_norms(
+        run, first_step):
+    """The input check stops a rank on entry to its forward: the others'
+    norms vote before their first collective, then call the rest of the
+    record; the stopped rank answers that rest."""
+    step = [norm(), norm(8), reduce()]
+    if not first_step:
+        run.step(*step)
+    run.guard.begin(lambda: run.backwards)
+    del run.calls[:]
+    run.guard.abandon(True)
+    # Where the others vote first (every entry in the first step, the first
+    # entry after it), this rank votes from its handler: nothing to call.
     assert run.calls == []
     run.guard.end()

@@ -384,16 +384,17 @@ def _drop_whole(ddp=None):
 
 
 def _raise_skip(out_dir):
-    """The forward raises on rank 1 alone (its NaN input), 'skip'."""
-    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'},
-                     policy='skip')
+    """Rank 1's NaN input stops its forward on entry (the input check), not
+    rank 0's; 'skip'."""
+    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input'}, policy='skip')
 
 
 def _raise_reduce(out_dir):
-    """The forward raises on rank 1 alone, before a collective of the loss
-    (a ``reduce_mean``) that rank 0 then calls, 'skip'."""
+    """The forward raises on rank 1 alone (``raise_in_loss``), before a
+    collective of the loss (a ``reduce_mean``) that rank 0 then calls,
+    'skip'."""
     from mmnan_testing.toy import ToyNormalizedModel
-    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'},
+    return _drop_run(out_dir, {BAD_SAMPLE: 'raise_in_loss'},
                      ToyNormalizedModel, policy='skip')
 
 
@@ -418,7 +419,7 @@ def _raise_late(out_dir):
 
     Ranks.vote = counted
     try:
-        result = _drop_run(out_dir, {LATE_SAMPLE: 'nan_input_raise'},
+        result = _drop_run(out_dir, {LATE_SAMPLE: 'raise_in_loss'},
                            lambda: ToyNormalizedModel(5, 15), policy='skip')
     finally:
         Ranks.vote = vote
@@ -427,8 +428,8 @@ def _raise_late(out_dir):
 
 
 def _raise_drop(out_dir):
-    """The same forward, 'drop': rank 1 takes the step again without it."""
-    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input_raise'})
+    """The same input, 'drop': rank 1 takes the step again without it."""
+    return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input'})
 
 
 def _nodes(out_dir):
@@ -472,9 +473,41 @@ def _nodes(out_dir):
 
 def _syncbn(policy):
     def scenario(out_dir):
+        """Rank 1's forward makes its sample's features NaN before the
+        shared batch statistics (``nan_made``): every rank's loss is NaN."""
         from mmnan_testing.toy import ToySyncBNModel
-        return _drop_run(out_dir, {BAD_SAMPLE: 'nan_input'}, ToySyncBNModel,
+        return _drop_run(out_dir, {BAD_SAMPLE: 'nan_made'}, ToySyncBNModel,
                          policy=policy, shared_stats=True)
+    return scenario
+
+
+def _input(policy, ddp=None, sample=BAD_SAMPLE):
+    def scenario(out_dir):
+        """Rank 1's NaN input (``nan_input``, ``sample``), stopped by the
+        input check on entry to a forward whose first op shares batch
+        statistics (``CpuSyncBatchNorm``), where rank 0 waited for it before
+        issue 65; ``ddp``: the DDP wrapper's options (DDP's default
+        ``broadcast_buffers=True`` otherwise). Under ``'raise'``: what each
+        rank raised, and its weights."""
+        from mmnanhook import NonFiniteError
+        from mmnan_testing.toy import ToySyncBNModel
+        if policy != 'raise':
+            return _drop_run(out_dir, {sample: 'nan_input'}, ToySyncBNModel,
+                             policy=policy, shared_stats=True, ddp=ddp,
+                             check_by_hand=sample == BAD_SAMPLE)
+        runner = _toy_runner(out_dir, {sample: 'nan_input'},
+                             dict(policy=policy), model=ToySyncBNModel(),
+                             ddp=ddp, log_level='INFO')
+        try:
+            runner.train()
+            error = None
+        except NonFiniteError as exc:
+            error = dict(trigger=exc.trigger, iter=exc.iter, rank=exc.rank,
+                         bad_ranks=exc.bad_ranks, message=str(exc),
+                         kind=(exc.report or {}).get('kind'))
+        return dict(error=error, iter=runner.iter, weights=_weights(runner),
+                    finite=all(math.isfinite(w) for w in _weights(runner)),
+                    bundles=read_bundles(out_dir))
     return scenario
 
 
@@ -518,6 +551,12 @@ SCENARIOS = {'nan_loss': _nan_loss, 'rewind': _rewind, 'drop': _drop,
              'raise_skip': _raise_skip, 'raise_reduce': _raise_reduce,
              'raise_late': _raise_late, 'raise_drop': _raise_drop,
              'syncbn_skip': _syncbn('skip'), 'syncbn_drop': _syncbn('drop'),
+             'input_skip': _input('skip'), 'input_drop': _input('drop'),
+             'input_raise': _input('raise'),
+             'input_unbroadcast_drop': _input(
+                 'drop', dict(broadcast_buffers=False)),
+             'input_first_skip': _input(
+                 'skip', dict(broadcast_buffers=False), sample=1),
              'nodes': _nodes, 'hung': _hung}
 
 

@@ -9,17 +9,17 @@ Scenarios:
   from C++) and a data preprocessor that raises on rank 1's NaN sample in
   iteration :data:`PRE_ITER`, before DDP's forward: rank 0 must not wait
   in that broadcast for a rank that votes; ``'skip'``.
-* ``raise_before_reduce``: rank 1's loss raises before its ``reduce_mean``
-  in a step whose DDP forward made no collective.
+* ``raise_before_reduce``: rank 1's loss raises (``raise_in_loss``) before
+  its ``reduce_mean`` in a step whose DDP forward made no collective.
 * ``code_fault``: the same preprocessor raises on rank 1's finite data
   (a fault of the code): every rank ends at once, with that error named.
 * ``sync_skip`` / ``sync_drop``: a data preprocessor that, like mmdet's
   ``BatchSyncRandomResize``, takes a random scale from rank 0 (``barrier``
   and ``broadcast``) every second iteration and keeps it in an attribute
-  for the next ones; rank 1's forward raises in its loss in iteration
-  :data:`SYNC_ITER`, one that synchronises. The replays of the diagnosis
-  run that preprocessor again: the scale every rank keeps must stay rank
-  0's.
+  for the next ones; rank 1's NaN input stops its forward on entry (the
+  input check, after that preprocessor) in iteration :data:`SYNC_ITER`,
+  one that synchronises. The replays of the diagnosis run that
+  preprocessor again: the scale every rank keeps must stay rank 0's.
 """
 import os.path as osp
 import random
@@ -156,7 +156,7 @@ def _sync(policy):
             holder['model'] = model_type()
             return holder['model']
 
-        result = _drop_run(out_dir, {SYNC_SAMPLE: 'nan_input_raise'}, made,
+        result = _drop_run(out_dir, {SYNC_SAMPLE: 'nan_input'}, made,
                            policy=policy, check_by_hand=False)
         preprocessor = holder['model'].data_preprocessor
         scale = torch.tensor([preprocessor._scale])
@@ -178,7 +178,7 @@ def _raise_before_reduce(out_dir):
     buffers, the buckets rebuilt): rank 0 votes there, so rank 1 must not
     call it; 'skip'."""
     from .toy import ToyNormalizedModel
-    return _drop_run(out_dir, {PRE_SAMPLE: 'nan_input_raise'},
+    return _drop_run(out_dir, {PRE_SAMPLE: 'raise_in_loss'},
                      ToyNormalizedModel, policy='skip', check_by_hand=False)
 
 

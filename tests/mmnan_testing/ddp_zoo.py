@@ -8,8 +8,8 @@ Scenarios:
   ``DefaultSampler``, aspect-ratio batches), 2 epochs, ``policy='drop'``; the
   image of :func:`moving_index` declares twice its real width: on rank 1 in
   the first epoch, the sampler gives it to rank 0 in the second.
-* ``rtmdet_skip`` (with ``quarantine_skips=True``) / ``rtmdet_drop``:
-  mmdet's RTMDet-tiny with every norm layer a
+* ``rtmdet_skip`` (with ``quarantine_skips=True``) / ``rtmdet_drop`` /
+  ``rtmdet_raise``: mmdet's RTMDet-tiny with every norm layer a
   :class:`~mmnanhook.drill.CpuSyncBatchNorm` (its shipped
   ``SyncBN``, made to run on CPUs), 2 epochs; images :data:`NODATA` (rank 1,
   iterations 0 and 1 of each epoch) are nodata tiles, all NaN. Its pipelines keep
@@ -27,10 +27,15 @@ Scenarios:
   (``barrier()`` + ``broadcast()`` when ``(iter + 1) % 10 == 0``, the size
   kept in ``self._input_size``), one epoch of :data:`YOLOX_ITERS`
   iterations; nodata tiles on rank 1 in iterations 0, 9 and 10
-  (:data:`YOLOX_TILES`): its forward raises (SimOTA's
-  ``binary_cross_entropy`` on NaN scores), rank 0's goes on.
+  (:data:`YOLOX_TILES`): the input check stops its forward on entry, after
+  the preprocessor's collectives, rank 0's goes on.
+* ``vfnet_tile_*`` / ``rotated_tile_*`` (``drop``, ``skip``, ``raise``):
+  mmdet's VFNet (its head's deformable convolution crashes the process on a
+  NaN input on the CPU) / mmrotate's rotated RetinaNet, DDP's default
+  ``broadcast_buffers=True``, one epoch of :data:`TILE_IMAGES` images, image
+  :data:`TILE` (rank 1's) a nodata tile.
 
-Every scenario but ``retinanet_drop`` takes the picture of
+The ``rtmdet`` and ``yolox`` scenarios take the picture of
 :mod:`mmnan_testing.runstate` before and after each diagnosis
 (:func:`~mmnan_testing.ddp.capture_pictures`).
 
@@ -216,16 +221,19 @@ def _outcome(runner, rank, probe, out_dir, **more):
     ended, its batches, its weights' digest, what it skipped, dropped and
     quarantined, the bundles."""
     from mmnanhook.quarantine import read_quarantine
-    hub = runner.message_hub
+    scalars = runner.message_hub.log_scalars
     quarantine = osp.join(runner.work_dir, 'nan_quarantine.json')
-    dropped = hub.get_scalar('train/samples_dropped') \
-        if 'train/samples_dropped' in hub.log_scalars else None
+
+    def count(key):
+        # None before the first update step (a raise in iteration 0).
+        return int(scalars[key].current()) if key in scalars else 0
+
     return dict(
         rank=rank, epoch=runner.epoch, iter=runner.iter,
         files=probe.files, hooks=probe.hooks,
         digest=_digest(runner), finite=_finite(runner),
-        samples_dropped=int(dropped.current()) if dropped else 0,
-        skipped=int(hub.get_scalar('train/nan_skipped').current()),
+        samples_dropped=count('train/samples_dropped'),
+        skipped=count('train/nan_skipped'),
         quarantine=[(s.file, s.indices)
                     for s in read_quarantine(quarantine)]
         if osp.exists(quarantine) else None,
@@ -259,15 +267,27 @@ def _rtmdet(policy, **options):
         runner.register_hook(probe)
         replays = capture_replays(runner)
         pictures = capture_pictures(runner)
-        runner.train()
+        error = _train(runner)
         return _outcome(
-            runner, rank, probe, out_dir,
+            runner, rank, probe, out_dir, error=error,
             tiles=[osp.join(data['img_dir'], t) for t in tiles],
             syncbn=sum(type(m).__name__ == 'CpuSyncBatchNorm'
                        for m in runner.model.modules()),
             replays=replays, pictures=pictures)
 
     return scenario
+
+
+def _train(runner):
+    """Train ``runner``; what the hook raised (``'raise'``), or ``None``."""
+    from mmnanhook import NonFiniteError
+    try:
+        runner.train()
+    except NonFiniteError as exc:
+        return dict(trigger=exc.trigger, iter=exc.iter, rank=exc.rank,
+                    bad_ranks=exc.bad_ranks, message=str(exc),
+                    kind=(exc.report or {}).get('kind'))
+    return None
 
 
 def _nodata_steps(steps, tiles):
@@ -447,10 +467,55 @@ def _record_input_sizes(runner):
     return sizes
 
 
+# VFNet / the rotated RetinaNet: one epoch of 8 images, 2 ranks, batch 2,
+# DefaultSampler(shuffle=False): image 5 is a nodata tile, on rank 1 (in
+# iteration 1 of VFNet's COCO order, 0 of the DOTA dataset's).
+TILE_IMAGES, TILE = 8, 5
+
+
+def _tile(name, policy):
+    """A scenario of the zoo config ``name`` with one nodata tile on rank 1
+    (:data:`TILE`), under ``policy``, DDP's default
+    ``broadcast_buffers=True`` (VFNet's and the rotated RetinaNet's batch
+    norms are frozen, none shares statistics: DDP's broadcast of their
+    buffers is the forward's only collective); ``error``: what a rank
+    raised (``'raise'``)."""
+
+    def scenario(out_dir):
+        from mmengine.dist import get_rank
+        from mmengine.runner import Runner
+
+        from .nodata import nodata_pipeline, register_nodata_transforms
+        torch.set_num_threads(1)
+        register_nodata_transforms()
+        rank = get_rank()
+        data, cfg = _config(out_dir, name, None, policy, rank,
+                            images=TILE_IMAGES, length=1)
+        tile = data['images'][TILE]
+        cfg.train_dataloader.sampler.shuffle = False
+        dataset = cfg.train_dataloader.dataset
+        dataset.pipeline = nodata_pipeline(dataset.pipeline, tile)
+        runner = Runner.from_cfg(cfg)
+        probe = BatchFiles()
+        runner.register_hook(probe)
+        error = _train(runner)
+        return _outcome(runner, rank, probe, out_dir, error=error,
+                        tile=osp.join(data['img_dir'], tile))
+
+    return scenario
+
+
 SCENARIOS = {
     'retinanet_drop': _retinanet_drop,
     'rtmdet_skip': _rtmdet('skip', quarantine_skips=True),
     'rtmdet_drop': _rtmdet('drop'),
+    'rtmdet_raise': _rtmdet('raise'),
+    'vfnet_tile_drop': _tile('vfnet_r50', 'drop'),
+    'vfnet_tile_skip': _tile('vfnet_r50', 'skip'),
+    'vfnet_tile_raise': _tile('vfnet_r50', 'raise'),
+    'rotated_tile_drop': _tile('rotated_retinanet', 'drop'),
+    'rotated_tile_skip': _tile('rotated_retinanet', 'skip'),
+    'rotated_tile_raise': _tile('rotated_retinanet', 'raise'),
     'yolox_skip': _yolox('skip', broadcast_buffers=False),
     'yolox_drop': _yolox('drop', broadcast_buffers=False),
     'yolox_broadcast_skip': _yolox('skip', broadcast_buffers=True),

@@ -97,9 +97,11 @@ def nodata_pipeline(steps, tile, log_file=None, mixing=True):
     """
     edited = []
     for step in steps:
-        kind = step['type']
+        # mmrotate's configs name mmdet's transforms with its scope.
+        scope, _, kind = step['type'].rpartition('.')
         if kind == 'LoadImageFromFile':
-            step = dict(step, type='LoadNodataImage', nodata=[tile],
+            step = dict(step, type=scope + '.LoadNodataImage' if scope
+                        else 'LoadNodataImage', nodata=[tile],
                         log_file=log_file)
         if kind in _HIDES_NAN or (kind in _MIXING and not mixing):
             continue

@@ -36,8 +36,9 @@ BOUND = ('update_params', 'backward', 'step', '_clip_grad', 'optim_context')
 class ToyDataset(Dataset):
     """``n`` random 4-vectors; ``faults`` maps a sample index to a fault.
 
-    A fault starting with ``nan_input`` makes the sample's input all NaN
-    (the data itself is bad); the others act in the model.
+    The fault ``nan_input`` makes the sample's input all NaN (the data
+    itself is bad: tier 1's input check stops it before the forward); the
+    others act in the model.
     """
 
     metainfo = dict(name='toy')
@@ -49,7 +50,7 @@ class ToyDataset(Dataset):
         for i in range(n):
             inputs = torch.randn(4, generator=g)
             fault = faults.get(i, '')
-            if fault.startswith('nan_input'):
+            if fault == 'nan_input':
                 inputs = torch.full_like(inputs, float('nan'))
             self.items.append(dict(inputs=inputs, fault=fault))
 
@@ -58,6 +59,21 @@ class ToyDataset(Dataset):
 
     def __getitem__(self, index):
         return self.items[index]
+
+
+class NanRows(nn.Module):
+    """Makes rows of its (finite) input NaN: a NaN the model makes, as a log
+    of 0 would; the diagnosis finds it made here."""
+
+    def forward(self, x, rows):
+        x = x.clone()
+        x[rows] = float('nan')
+        return x
+
+
+def _rows(fault, name):
+    """The batch positions of the samples whose fault is ``name``."""
+    return [i for i, f in enumerate(fault or []) if f == name]
 
 
 class ToyModel(BaseModel):
@@ -71,9 +87,11 @@ class ToyModel(BaseModel):
     ``overflow`` /
     ``overflow_hard`` (finite loss, but a loss-scaled backward overflows
     into NaN: once at scale 2**16, or down to scale 2), ``spike`` (a finite
-    loss a thousand times the usual), ``nan_input_raise`` (its NaN input
-    makes the forward raise, as SimOTA's ``binary_cross_entropy`` of NaN
-    scores does).
+    loss a thousand times the usual), ``raise_in_loss`` (the model makes
+    the sample's predictions NaN, on which its loss raises, as SimOTA's
+    ``binary_cross_entropy`` of NaN scores does), ``nan_made`` (the model
+    makes the sample's features NaN before ``features``); both with
+    :class:`NanRows` from finite data.
     """
 
     def __init__(self):
@@ -81,12 +99,16 @@ class ToyModel(BaseModel):
         self.fc = nn.Linear(4, 3)
         self.head = nn.Linear(3, 1)
         self.amp_w = nn.Parameter(torch.ones(2))
+        self.nan_rows = NanRows()
         self.anomaly_seen = []
 
     def forward(self, inputs, fault=None, mode='tensor'):
         self.anomaly_seen.append((mode, torch.is_anomaly_enabled()))
         faults = set(f for f in (fault or []) if f)
-        x = self.features(torch.stack(inputs))
+        x = torch.stack(inputs)
+        if _rows(fault, 'nan_made'):
+            x = self.nan_rows(x, _rows(fault, 'nan_made'))
+        x = self.features(x)
         h = self.fc(x)
         if 'inplace' in faults:
             h = h.sigmoid()
@@ -99,12 +121,14 @@ class ToyModel(BaseModel):
         y = nn.functional.linear(h, self.head.weight, bias)
         if mode != 'loss':
             return y
+        if _rows(fault, 'raise_in_loss'):
+            y = self.nan_rows(y, _rows(fault, 'raise_in_loss'))
         return self.loss(y, faults)
 
     def loss(self, y, faults):
         """The loss terms of the predictions ``y`` of a batch with
         ``faults`` (a set)."""
-        if 'nan_input_raise' in faults:
+        if 'raise_in_loss' in faults:
             # Raises on NaN probabilities (CPU kernels check the range).
             nn.functional.binary_cross_entropy(
                 torch.sigmoid(y), torch.zeros_like(y))
@@ -162,8 +186,8 @@ class ToySyncBNModel(ToyModel):
     """:class:`ToyModel` whose inputs first go through
     :class:`~mmnanhook.drill.CpuSyncBatchNorm` (the 4 features of
     each sample as one channel): under DDP every training forward shares
-    its batch statistics with the other ranks, so one rank's NaN input makes
-    every rank's loss NaN."""
+    its batch statistics with the other ranks, so one rank's NaN features
+    (``nan_made``) make every rank's loss NaN."""
 
     def __init__(self):
         super().__init__()
@@ -178,7 +202,7 @@ class ToyNormalizedModel(ToyModel):
     """:class:`ToyModel` whose main loss is normalized by the batch size
     averaged over the ranks, as mmdet's heads divide by ``reduce_mean(
     num_pos)``: under DDP a collective every forward calls after the point
-    where a bad sample's loss raises (``nan_input_raise``).
+    where a bad sample's loss raises (``raise_in_loss``).
 
     Args:
         before (int): Averages taken before that point, as mmdet's DINO

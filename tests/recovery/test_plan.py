@@ -14,8 +14,8 @@ import logging
 import pytest
 
 from mmnanhook.options import CheckOptions, RewindOptions
-from mmnanhook.records import (Kind, NonFiniteEvent, RankFinding, Report,
-                               SampleFinding, Trigger)
+from mmnanhook.records import (DataProblem, Kind, NonFiniteEvent,
+                               RankFinding, Report, SampleFinding, Trigger)
 from mmnanhook.recovery import (Action, Answer, Circumstances, Plan, Policy)
 
 POLICIES = ('raise', 'skip', 'warn', 'rewind', 'drop')
@@ -278,3 +278,22 @@ def test_skip_quarantines_the_samples_of_a_data_diagnosis_only():
     assert isinstance(plan, Plan)
     with pytest.raises(Exception):
         plan.action = RAISE  # frozen
+
+
+def test_a_rank_that_did_not_diagnose_stops_naming_the_others_culprit():
+    """Under DDP a rank whose forward went fine does not diagnose: its error
+    (rank 0's log, the one users read) names the samples the others found,
+    each with its first problem (issue 65's ``'raise'``)."""
+    plan = _plan('raise', 'warn', 'forward', 'quiet')
+    answer = Answer(findings=(
+        RankFinding(0, reproduced=None),
+        RankFinding(1, 'data', [SampleFinding(0, '/data/5.png', [
+            DataProblem(None, 'input has 12 NaN and 0 Inf values')])])))
+    lines = plan.decide(answer).error(plan.event, answer).args[0].split('\n')
+    assert 'rank 1: sample 0 (/data/5.png): input has 12 NaN and 0 Inf ' \
+        'values' in lines
+    # A rank with its own report says its own summary alone.
+    own = Answer(report=Report(summary='diagnosis: data'),
+                 findings=answer.findings)
+    assert not any(line.startswith('rank 1: ') for line in
+                   plan.decide(own).message.split('\n'))

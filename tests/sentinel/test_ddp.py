@@ -1,9 +1,10 @@
 """Tier 1 and recovery under DDP: two CPU processes over gloo, started by a
 real launcher (see :mod:`mmnan_testing.ddp`), the toy model: one rank's
 bad sample stops, skips or drops on every rank alike, with and without
-SyncBN statistics, and with a forward that raises on that rank alone; a rank
-that stops answering is named by the others within the group's timeout. A
-hang fails the test (each run is bounded)."""
+SyncBN statistics, and with a forward that raises on that rank alone or a
+NaN input that the input check stops on entry to it; a rank that stops
+answering is named by the others within the group's timeout. A hang fails
+the test (each run is bounded)."""
 import datetime
 import inspect
 
@@ -24,8 +25,9 @@ STATIC_GRAPH = 'static_graph' in inspect.signature(
 
 SCENARIOS = ['nan_loss', 'rewind', 'drop', 'drop_whole', 'drop_whole_unused',
              'raise_skip', 'raise_drop', 'raise_reduce', 'raise_late',
-             'syncbn_skip',
-             'syncbn_drop'] + (
+             'syncbn_skip', 'syncbn_drop', 'input_skip', 'input_drop',
+             'input_raise', 'input_unbroadcast_drop',
+             'input_first_skip'] + (
                  ['drop_whole_static'] if STATIC_GRAPH else []) + [
                      # Last: it leaves mmnanhook's groups broken.
                      'hung']
@@ -127,9 +129,9 @@ def test_a_rank_whose_whole_batch_fails_takes_part_with_a_zero_loss(
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
 def test_a_forward_raising_on_one_rank_takes_every_rank_the_same_way(
         runs, policy):
-    # Rank 1's forward raises on its NaN input (as SimOTA does); rank 0's
-    # goes fine and would wait in DDP's gradient all-reduce: it learns it
-    # in its vote before backward, and both skip, or both take the step
+    # Rank 1's NaN input stops its forward on entry (the input check); rank
+    # 0's goes fine and would wait in DDP's gradient all-reduce: it learns
+    # it in its vote before backward, and both skip, or both take the step
     # again (rank 1 without the sample).
     results, log = run(runs, 'raise_' + policy)
     _same_weights(results)
@@ -146,7 +148,8 @@ def test_a_forward_raising_on_one_rank_takes_every_rank_the_same_way(
 
 def test_a_forward_raising_before_a_collective_of_the_loss_is_voted_on(
         runs):
-    # Rank 1's forward raises in its loss before the loss's reduce_mean,
+    # Rank 1's forward raises in its loss (NaN scores the model made) before
+    # the loss's reduce_mean,
     # which rank 0 then calls: rank 0 votes before that collective and
     # learns it there, instead of waiting in it for rank 1.
     results, log = run(runs, 'raise_reduce')
@@ -176,8 +179,8 @@ def test_a_forward_raising_between_collectives_of_its_loss_hangs_no_rank(
 @pytest.mark.parametrize('policy', ['skip', 'drop'])
 def test_syncbn_statistics_carry_one_rank_nan_to_all_and_the_replays_stay_local(
         runs, policy):
-    # CpuSyncBatchNorm shares the batch statistics: rank 1's NaN input makes
-    # both ranks' losses NaN. Each replays its batch alone (the SyncBN made
+    # CpuSyncBatchNorm shares the batch statistics: the NaN rank 1's forward
+    # makes of its sample before them makes both ranks' losses NaN. Each replays its batch alone (the SyncBN made
     # local, its running statistics put back): no hang, and rank 0's bundle
     # says the NaN came from rank 1, not from its own data.
     results, log = run(runs, 'syncbn_' + policy)
@@ -194,6 +197,58 @@ def test_syncbn_statistics_carry_one_rank_nan_to_all_and_the_replays_stay_local(
     clean = [b for b in bundles if b['kind'] == 'not_reproduced']
     assert len(clean) == 1 and 'came from another rank' in clean[0][
         'summary'] and 'replays finite alone' in clean[0]['summary']
+
+
+@pytest.mark.parametrize('name', ['input_skip', 'input_drop',
+                                  'input_unbroadcast_drop',
+                                  'input_first_skip'])
+def test_a_nan_input_stopped_before_shared_statistics_hangs_no_rank(
+        runs, name):
+    """Issue 65: rank 1's NaN input is stopped on entry to its forward (the
+    input check), whose first op all-reduces batch statistics
+    (CpuSyncBatchNorm) that rank 0's forward then calls. Before, rank 0
+    waited there for rank 1 for ever. Now rank 0 votes before its first
+    collective of the step (in the first step, iteration 0, before each) and
+    learns it there; with DDP's buffer broadcast first (its default, as a
+    user's ``model_wrapper_cfg`` keeps it) both ranks voted before that, and
+    rank 1 answers the statistics with zeros up to rank 0's vote before
+    backward. Both take the policy's path, with the same weights; rank 1
+    names the sample, the input's."""
+    results, log = run(runs, name)
+    _same_weights(results)
+    iter = 0 if name == 'input_first_skip' else BAD_ITER
+    other = results[1 - BAD_RANK]['log']
+    assert 'forward of rank(s) %d raised at iter %d' % (BAD_RANK, iter) in \
+        other, log[-3000:]
+    for result in results:
+        if name.endswith('skip'):
+            assert result['skipped'] == 1 and result['samples_dropped'] == 0
+        else:
+            # Rank 1 without the sample, rank 0 unchanged, the statistics
+            # shared: the step by hand (summed in another order).
+            assert result['by_hand_close'] and result['samples_dropped'] == 1
+            assert result['skipped'] == 0
+    (bundle, ) = results[0]['bundles']
+    assert bundle['iter'] == iter and bundle['kind'] == 'data'
+    assert bundle['summary'].startswith('rank 1 of 2: the input is not finite')
+    _culprit_named(results)
+
+
+def test_a_nan_input_under_raise_stops_every_rank_naming_it(runs):
+    """``'raise'``: every rank stops in the iteration of rank 1's NaN input,
+    before any update; rank 0, which did not diagnose (its forward went
+    fine), names the sample rank 1 found."""
+    results, log = run(runs, 'input_raise')
+    errors = [r['error'] for r in results]
+    assert all(e is not None for e in errors), log[-3000:]
+    assert [e['iter'] for e in errors] == [BAD_ITER] * 2
+    assert [e['bad_ranks'] for e in errors] == [[BAD_RANK]] * 2
+    assert results[0]['weights'] == results[1]['weights']
+    assert all(r['finite'] and r['iter'] == BAD_ITER for r in results)
+    assert errors[BAD_RANK]['kind'] == 'data'
+    assert 'input check at iter %d' % BAD_ITER in errors[BAD_RANK]['message']
+    assert 'rank 1: sample 0 (no img_path): input has 4 NaN and 0 Inf ' \
+        'values' in errors[0]['message'].splitlines()
 
 
 def test_every_node_writes_the_quarantine_every_rank_learned(tmp_path):

@@ -3,18 +3,21 @@
 stand-in) and nodata tiles on rank 1, mmdet's YOLOX-tiny with its
 ``BatchSyncRandomResize`` and nodata tiles on rank 1 at the iteration that
 synchronises, the one after and the first (``broadcast_buffers`` off and
-on, ``find_unused_parameters``), and mmdet's RetinaNet R50 with an image
-whose annotation declares twice its width. A hang fails the test (each run
+on, ``find_unused_parameters``), mmdet's VFNet (modern leg) and mmrotate's
+rotated RetinaNet (DOTA leg) with a nodata tile on rank 1 under each policy,
+and mmdet's RetinaNet R50 with an image whose annotation declares twice its
+width. A hang fails the test (each run
 is bounded); every diagnosis must leave the run as it found it (the
 before/after picture of :mod:`mmnan_testing.runstate`)."""
 import os
 import os.path as osp
+import re
 
 import pytest
 import torch
 
 from mmnan_testing import zoo
-from mmnan_testing.ddp import run_ranks
+from mmnan_testing.ddp import run_ranks, run_scenarios
 from mmnan_testing.ddp_zoo import IMAGES, moving_index
 
 pytestmark = [pytest.mark.zoo, pytest.mark.ddp, pytest.mark.mmdet,
@@ -54,38 +57,40 @@ def _nothing_changed(results, diagnoses):
     pytest.param('skip', marks=pytest.mark.zoo_full), 'drop'])
 def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
     """RTMDet-tiny as shipped but its SyncBN (a CPU stand-in, every norm
-    layer), 2 epochs; the nodata tiles in rank 1's batches of the first
-    iteration (nothing recorded yet) and the second make both ranks'
-    losses NaN through the shared statistics. 'skip' with
+    layer), DDP's default ``broadcast_buffers=True``, 2 epochs; the nodata
+    tiles in rank 1's batches of the first iteration (nothing recorded yet)
+    and the second. The input check stops rank 1 on entry to its forward,
+    whose every norm layer all-reduces statistics that rank 0's forward
+    then calls (issue 65: before, the check was off under DDP and the tile's
+    NaN reached every rank through those statistics; with the check on and
+    the guard as it was, rank 0 waited in the first for ever). 'skip' with
     ``quarantine_skips=True``, 'drop': two triggers, each step left out or
-    taken again without its tile, which every rank quarantines; every
-    diagnosis leaves the run as it was. 'drop' is make test's zoo DDP run,
-    on both legs; 'skip' is in the full tier."""
+    taken again without its tile, which every rank quarantines; rank 1's
+    diagnoses leave the run as it was, rank 0 (whose forward went fine)
+    runs none. 'drop' is make test's zoo DDP run, on both legs; 'skip' is
+    in the full tier."""
     results, bundles = _run('rtmdet_' + policy, tmp_path)
     tiles = results[0]['tiles']
     assert 'EMAHook' in results[0]['hooks'] and \
         'PipelineSwitchHook' in results[0]['hooks']
     for result in results:
         assert result['syncbn'] > 0
-        # Every diagnosis put the running statistics back as they were.
-        assert result['replays'] and all(result['replays'])
-    # Both ranks diagnose both triggers, and nothing of either stays.
-    _nothing_changed(results, [2, 2])
-    # Every bundle (both ranks, every trigger) blames rank 1's tile of its
-    # iteration; rank 0's says the NaN came through the statistics, its
-    # batch being clean.
-    assert sorted(b['iter'] for b in bundles) == [0, 0, 1, 1]
+    # Every diagnosis (rank 1's) put the running statistics back as they
+    # were, and nothing of either stays.
+    assert results[0]['replays'] == [] and results[1]['replays'] == [
+        True, True]
+    _nothing_changed(results, [0, 2])
+    # Rank 1's bundle of each trigger names its tile, as the input; its
+    # replays kept the shared statistics on rank 1.
+    assert sorted(b['iter'] for b in bundles) == [0, 1]
     for bundle in bundles:
         tile = tiles[bundle['iter']]
         culprits = [(f['rank'], [s['img_path'] for s in f['samples']])
                     for f in bundle['ranks'] if f['samples']]
         assert culprits == [(1, [tile])], bundle['summary']
-        assert tile in bundle['summary']
+        assert bundle['kind'] == 'data' and bundle['summary'].startswith(
+            'rank 1 of 2: the input is not finite: sample 0 (%s)' % tile)
         assert any('CpuSyncBatchNorm' in m for m in bundle['local'])
-    clean = [b for b in bundles if b['kind'] == 'not_reproduced']
-    assert len(clean) == len(bundles) // 2
-    assert all('statistics' in b['summary'] and 'replays finite alone' in
-               b['summary'] for b in clean)
     skipped = 2 if policy == 'skip' else 0
     assert [r['skipped'] for r in results] == [skipped] * 2
     assert [r['samples_dropped'] for r in results] == [2 - skipped] * 2
@@ -99,6 +104,94 @@ def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
         seen = [i for i, files in enumerate(results[1]['files'])
                 if tile in files]
         assert seen == [first]
+
+
+@pytest.mark.zoo_full
+def test_rtmdet_syncbn_nodata_tile_under_raise_stops_every_rank(tmp_path):
+    """The same run under the default policy, ``'raise'``: both ranks stop
+    in the first iteration, before any update, with the same weights; rank
+    1 with its report (the tile, as the input), rank 0 naming rank 1's
+    sample. In the full tier."""
+    results, _ = run_ranks('rtmdet_raise', tmp_path, module=MODULE,
+                           timeout=600)
+    _stopped_naming(results, results[0]['tiles'][0], 0)
+
+
+def _stopped_naming(results, tile, iter):
+    """Both ranks stopped in ``iter`` under ``'raise'`` with the same finite
+    weights, before any update of it: rank 1 naming ``tile`` as its input
+    in its report and bundle, rank 0 naming rank 1's sample."""
+    errors = [r['error'] for r in results]
+    assert all(e is not None for e in errors), results
+    assert [(e['iter'], e['bad_ranks']) for e in errors] == [(iter, [1])] * 2
+    assert [r['iter'] for r in results] == [iter] * 2
+    assert results[0]['digest'] == results[1]['digest']
+    assert all(r['finite'] for r in results)
+    assert errors[1]['kind'] == 'data' and 'input check at iter %d' % iter \
+        in errors[1]['message'] and tile in errors[1]['message']
+    assert re.search(r'^rank 1: sample \d \(%s\): input has \d+ NaN' %
+                     re.escape(tile), errors[0]['message'], re.M)
+    # Read by rank 1, which wrote it before it raised (rank 0 may be done
+    # before).
+    (bundle, ) = results[1]['bundles']
+    assert bundle['files'] == [tile] and bundle['iter'] == iter
+
+
+# Iterations of the nodata tile's runs (one epoch, mmnan_testing.ddp_zoo).
+TILE_ITERS = 2
+
+
+@pytest.fixture(scope='module')
+def tile_runs(tmp_path_factory):
+    """The nodata tile on rank 1 under each policy, with the zoo config of
+    this leg: VFNet on the modern leg (its head's deformable convolution:
+    without the check the NaN kills rank 1's process, SIGSEGV), the rotated
+    RetinaNet on the DOTA leg; in one launch (the ranks' start paid once)."""
+    dota = os.environ.get('MMNANHOOK_LEG') == 'dota'
+    name = 'rotated_retinanet' if dota else 'vfnet_r50'
+    if not zoo.available(name):
+        pytest.skip('%s is not installed here' % zoo.ZOO[name].package)
+    prefix = 'rotated_tile_' if dota else 'vfnet_tile_'
+    runs, log = run_scenarios(
+        [prefix + p for p in ('drop', 'skip', 'raise')],
+        str(tmp_path_factory.mktemp('tiles')), module=MODULE, timeout=900)
+    return dict((k[len(prefix):], v) for k, v in runs.items())
+
+
+@pytest.mark.zoo_full
+@pytest.mark.parametrize('policy', ['drop', 'skip', 'raise'])
+def test_a_nodata_tile_on_one_rank_takes_every_rank_the_policys_way(
+        tile_runs, policy):
+    """Issue 65: a float nodata tile on rank 1, DDP's default
+    ``broadcast_buffers=True`` (the forward's only collective: these
+    configs' norms are frozen). The input check stops rank 1 on entry to
+    its forward, both ranks take the policy's path in the tile's iteration:
+    'drop' completes with identical finite weights, the step taken again
+    without the tile on rank 1, the tile alone quarantined; 'skip' leaves
+    the step out on both; 'raise' stops both with the report. In the full
+    tier (both legs: VFNet / the rotated RetinaNet)."""
+    results = tile_runs[policy]
+    tile = results[0]['tile']
+    # Rank 1 alone held it, once (iteration 1 of VFNet's COCO order, 0 of
+    # the DOTA dataset's).
+    held = [[i for i, files in enumerate(r['files']) if tile in files]
+            for r in results]
+    assert held[0] == [] and len(held[1]) == 1, held
+    if policy == 'raise':
+        _stopped_naming(results, tile, held[1][0])
+        return
+    assert [r['iter'] for r in results] == [TILE_ITERS] * 2
+    assert results[0]['digest'] == results[1]['digest']
+    assert all(r['finite'] and r['error'] is None for r in results)
+    dropped = policy == 'drop'
+    assert [(r['samples_dropped'], r['skipped']) for r in results] == [
+        (int(dropped), int(not dropped))] * 2
+    (bundle, ) = results[0]['bundles']
+    assert bundle['files'] == [tile] and bundle['kind'] == 'data'
+    # The tile alone, at its one index of the dataset (its place in the
+    # DOTA dataset's order is not its name's).
+    assert [[(f, len(i)) for f, i in r['quarantine'] or []]
+            for r in results] == [[(tile, 1)] if dropped else []] * 2
 
 
 # The YOLOX scenarios: BatchSyncRandomResize synchronises in iteration 9.
@@ -130,12 +223,11 @@ def _yolox(name, tmp_path, policy):
             held = [t for t in tiles.values() if t in files]
             assert held == ([tiles[it]] if rank == 1 and it in tiles
                             else []), (rank, it, files)
-    # Rank 1's forward raised in each tile's iteration (the premise: a
-    # user's nodata image makes SimOTA's binary_cross_entropy raise on
-    # CPU), rank 0's never.
-    assert [r['raised'] for r in results][0] == []
-    assert [it for it, _, _ in results[1]['raised']] == sorted(tiles), \
-        results[1]['raised']
+    # The input check stopped rank 1 on entry to its forward in each tile's
+    # iteration, after the preprocessor's collectives (before issue 65 the
+    # check was off under DDP, and SimOTA's binary_cross_entropy raised on
+    # the tile's NaN scores there): no loss ran on a tile, none raised.
+    assert [r['raised'] for r in results] == [[], []]
     # The size each iteration left for the next: the same on both ranks
     # (rank 0 draws it, the other receives it); from the synchronising
     # iteration on, a multiple of 32 in the (rescaled) range.
@@ -155,7 +247,8 @@ def _yolox(name, tmp_path, policy):
         culprits = [(f['rank'], [s['img_path'] for s in f['samples']])
                     for f in bundle['ranks'] if f['samples']]
         assert culprits == [(1, [tile])], bundle['summary']
-        assert tile in bundle['summary']
+        assert bundle['summary'].startswith(
+            'rank 1 of 2: the input is not finite: sample 0 (%s)' % tile)
     if policy == 'skip':
         assert [r['skipped'] for r in results] == [len(tiles)] * 2
         assert [r['samples_dropped'] for r in results] == [0, 0]
@@ -176,8 +269,8 @@ def test_yolox_batch_sync_resize_without_buffer_broadcast(tmp_path, policy):
     iterations; a nodata tile on rank 1 in iteration 0, in iteration 9
     (``BatchSyncRandomResize`` draws the next size on rank 0, ``barrier()``
     + ``broadcast()``, kept in ``self._input_size``) and in iteration 10:
-    rank 1's forward raises each time (SimOTA's ``binary_cross_entropy``),
-    rank 0's does not. The replays must neither answer the broadcast with
+    the input check stops rank 1's forward on entry each time, rank 0's goes
+    on. The replays must neither answer the broadcast with
     memory never written nor leave what they drew in ``_input_size``
     (before issue 43: a size of 10^14 pixels, the run lost at the next
     iteration). In the full tier."""
