@@ -51,9 +51,11 @@ import torch
 
 from mmnanhook._batch import split_batch
 from .ddp import capture_pictures, capture_replays, read_bundles
-from .zoo import BatchFiles, model_state, weights
+from .zoo import SMALL_SIDE, BatchFiles, model_state, weights
 
 IMAGES, WORLD, BATCH = 8, 2, 2
+# The short side of the runs that test mmnanhook's part, not the model's.
+SIDE = 192
 # RTMDet: DefaultSampler(shuffle=False): rank 1 holds images 1, 3, 5, 7;
 # images 1 and 5 are in its iterations 0 and 1 of each epoch: the first
 # iteration (nothing recorded yet) and one after it (every iteration's
@@ -90,7 +92,7 @@ def _finite(runner):
 
 
 def _config(out_dir, name, defects, policy, rank, images=IMAGES, length=2,
-            wrapper=None, timeout=None, **options):
+            wrapper=None, timeout=None, side=SMALL_SIDE, **options):
     """The child config of the shipped ``name`` for one rank, and its data.
 
     Args:
@@ -99,6 +101,7 @@ def _config(out_dir, name, defects, policy, rank, images=IMAGES, length=2,
         wrapper (dict, optional): More options of the DDP wrapper
             (``broadcast_buffers``, ``find_unused_parameters``).
         timeout (int, optional): ``env_cfg.dist_cfg.timeout`` (seconds).
+        side (int): The short side it trains at.
         **options: The hook's.
     """
     from mmengine.dist import broadcast_object_list
@@ -115,7 +118,7 @@ def _config(out_dir, name, defects, policy, rank, images=IMAGES, length=2,
                            length=length, hook='line', hook_options=dict(
                                policy=policy,
                                dump_dir=osp.join(out_dir, 'dumps'),
-                               **options))
+                               **options), side=side)
     cfg.work_dir = osp.join(out_dir, 'work')
     cfg.log_level = 'INFO'
     cfg.launcher = 'pytorch'
@@ -188,8 +191,10 @@ def _retinanet_drop(out_dir):
     torch.set_num_threads(1)
     rank = get_rank()
     bad_index = moving_index()
+    # 192 px: the drop under DDP, not the model, is what it tests.
     data, cfg = _config(out_dir, 'retinanet_r50',
-                        {bad_index: 'size_mismatch'}, 'drop', rank)
+                        {bad_index: 'size_mismatch'}, 'drop', rank,
+                        side=SIDE)
     bad = osp.join(data['img_dir'], data['defect_images'][0])
     runner = Runner.from_cfg(cfg)
     probe = StepProbe(range(IMAGES // (WORLD * BATCH)))

@@ -50,7 +50,8 @@ class ZooEntry(object):
             ``'dota'``,
             ``'imagenet'`` or ``'ade20k'``.
         short_side (int, optional): The short side of the zoo's train scale,
-            rescaled to :data:`SMALL_SIDE`; ``None`` keeps the scales.
+            rescaled to :data:`SMALL_SIDE` (or a run's own side); ``None``
+            keeps the scales.
         by_epoch (bool): Whether its train loop counts epochs.
         wrapped (int): Dataset wrappers (``MultiImageMixDataset``) around
             the dataset that reads the files.
@@ -65,11 +66,11 @@ class ZooEntry(object):
         self.by_epoch = by_epoch
         self.wrapped = wrapped
 
-    @property
-    def scale(self):
-        """The factor applied to the zoo's image scales."""
+    def scale(self, side=SMALL_SIDE):
+        """The factor applied to the zoo's image scales to train at
+        ``side``."""
         return None if self.short_side is None else \
-            float(SMALL_SIDE) / self.short_side
+            float(side) / self.short_side
 
 
 ZOO = {
@@ -210,7 +211,8 @@ def hook_line(**options):
 
 
 def child_config(name, data, work_dir, length=2, hook=None,
-                 hook_options=None, extra=None, seed=0, workers=False):
+                 hook_options=None, extra=None, seed=0, workers=False,
+                 side=SMALL_SIDE):
     """Write and load a child config of the shipped ``name``.
 
     Args:
@@ -227,6 +229,8 @@ def child_config(name, data, work_dir, length=2, hook=None,
         seed (int): The run's seed.
         workers (bool): Keep the shipped dataloader's worker processes
             (``num_workers``, ``persistent_workers``); by default none.
+        side (int): The short side to train at: where the test is about
+            mmnanhook, not the model, a smaller one costs less.
 
     Returns:
         mmengine.Config: Ready for ``Runner.from_cfg`` (or, with
@@ -267,8 +271,8 @@ def child_config(name, data, work_dir, length=2, hook=None,
     cfg = Config.fromfile(path)
     if entry.data == 'voc':
         _point_voc(cfg, data)
-    if entry.scale is not None:
-        rescale(cfg, entry.scale)
+    if entry.short_side is not None:
+        rescale(cfg, entry.scale(side))
     for hook_cfg in cfg.get('custom_hooks') or []:
         # The short schedule still reaches a PipelineSwitchHook's switch.
         if 'switch_epoch' in hook_cfg and entry.by_epoch:
