@@ -23,6 +23,17 @@ def format_value(value: Union[float, str, None]) -> str:
     return '%.6g' % value
 
 
+def strict_float(value: Any) -> Union[float, str]:
+    """``value`` as strict JSON stores a float: non-finite ones as
+    ``"nan"``, ``"inf"``, ``"-inf"`` (``report.json``, the journal)."""
+    value = float(value)
+    if math.isnan(value):
+        return 'nan'
+    if math.isinf(value):
+        return 'inf' if value > 0 else '-inf'
+    return value
+
+
 def format_names(names: Sequence[str], count: int) -> str:
     """``'a, b, c'``, with ``' and N more'`` when ``count`` exceeds them."""
     text = ', '.join(names)

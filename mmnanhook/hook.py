@@ -150,7 +150,7 @@ class NanDetectHook(Hook):
             self._wrap_train_step(runner.model.train_step))
 
     def after_train(self, runner: Any) -> None:
-        self._end_run()
+        self._end_run('finished')
 
     def before_val(self, runner: Any) -> None:
         # Before any hook's before_val_epoch: EMAHook swaps the weights in
@@ -164,13 +164,13 @@ class NanDetectHook(Hook):
         if self._run is not None:
             self._run.after_iter(outputs)
 
-    def _end_run(self):
+    def _end_run(self, how=None):
         restore, self._restore = self._restore, None
         if restore is not None:
             restore()
         run, self._run = self._run, None
         if run is not None:
-            run.close()
+            run.close(how)
 
     def _wrap_train_step(self, train_step):
 
@@ -178,9 +178,10 @@ class NanDetectHook(Hook):
         def nan_detect_train_step(*args, **kwargs):
             try:
                 return self._run.train_step(train_step, args, kwargs)
-            except BaseException:
+            except BaseException as error:
                 # The loop ends here: nothing calls after_train.
-                self._end_run()
+                self._end_run('%s: %s' % (type(error).__name__, str(
+                    error).strip().split('\n', 1)[0]))
                 raise
 
         # Runner._maybe_compile compiled train_step before this wraps it:

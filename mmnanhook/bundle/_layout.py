@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import math
 import numbers
 import os.path as osp
 import platform
@@ -27,6 +26,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
+from .._format import strict_float
 from ..compat import distribution_version
 from ..version import __version__
 
@@ -177,12 +177,7 @@ def to_strict_json(obj: Any) -> Any:
     if isinstance(obj, numbers.Integral):
         return int(obj)
     if isinstance(obj, numbers.Real):
-        value = float(obj)
-        if math.isnan(value):
-            return 'nan'
-        if math.isinf(value):
-            return 'inf' if value > 0 else '-inf'
-        return value
+        return strict_float(obj)
     if isinstance(obj, dict):
         return {str(key): to_strict_json(value) for key, value in obj.items()}
     if isinstance(obj, (list, tuple, set, frozenset)):

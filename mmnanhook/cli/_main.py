@@ -61,13 +61,20 @@ def _replay(args):
 
 def _inspect(args):
     from ..bundle import REPORT_HTML, load_bundle
-    from ..quarantine import flight_dir
     from ..report import format_report
-    if os.path.isdir(flight_dir(args.bundle)):
-        return _inspect_work_dir(args.bundle)
+    from ._story import is_work_dir
+    if is_work_dir(args.bundle):
+        return _inspect_work_dir(args)
+    if args.out:
+        return _bad_input('inspect', '--out is for a work dir\'s page; {} '
+                          'is no work dir'.format(args.bundle))
     bundle = load_bundle(args.bundle)
     if args.html or args.open:
         return _html(bundle, REPORT_HTML, args.open)
+    if args.json:
+        print(json.dumps(dict(manifest=bundle.manifest, report=bundle.report),
+                         indent=1, sort_keys=True))
+        return EXIT_OK
     m = bundle.manifest
     lines = ['bundle:     {}'.format(bundle.path)]
     for key in ('iter', 'epoch', 'rank', 'world_size', 'trigger', 'grad_norm',
@@ -95,18 +102,58 @@ def _inspect(args):
     return EXIT_OK
 
 
-def _inspect_work_dir(work_dir):
-    """What the runs that died inside a step in ``work_dir`` had in
-    flight (nothing of the work dir is executed or unpickled)."""
+def _inspect_work_dir(args):
+    """What happened to the runs of the work dir ``args.bundle``, from its
+    files alone (nothing of it is executed or unpickled): the story in the
+    terminal (after what the runs that died inside a step had in flight,
+    as before), ``--json``, or the page (``--html``, ``--open``). A file
+    that cannot be read is one warning line on stderr naming it; the rest
+    is told."""
     from ..quarantine import flight_dir, read_flights
-    flights = read_flights(flight_dir(work_dir))
-    if not flights:
-        print('{}: no run with mmnanhook died inside a train step here'
-              .format(work_dir))
-    for flight in flights:
-        print(flight.describe())
-        if flight.stack:
-            print(flight.stack)
+    from ._story import read_story, story_lines
+    work_dir = args.bundle
+    story, scalars = read_story(work_dir)
+    for problem in story.problems:
+        print('mmnan inspect: warning: ' + problem, file=sys.stderr)
+    if args.json:
+        print(json.dumps(story.to_dict(), indent=1, sort_keys=True))
+        return EXIT_OK
+    if args.html or args.open or args.out:
+        return _story_page(story, scalars, args)
+    if not story.quiet:
+        flights = read_flights(flight_dir(work_dir))
+        if not flights:
+            print('{}: no run with mmnanhook died inside a train step here '
+                  'since the last run started'.format(work_dir))
+        for flight in flights:
+            print(flight.describe())
+            if flight.stack:
+                print(flight.stack)
+        print('')
+    print('\n'.join(story_lines(story)))
+    return EXIT_OK
+
+
+def _story_page(story, scalars, args):
+    """Write the work dir's page (``--out``, else ``nan_inspect.html`` in
+    it), print its path (and open it)."""
+    from ._story_page import PAGE_FILE, render_story
+    path = os.path.abspath(args.out or os.path.join(story.work_dir,
+                                                    PAGE_FILE))
+    try:
+        text = render_story(story, scalars, os.path.dirname(path))
+        with open(path, 'w') as f:
+            f.write(text)
+    except OSError as error:
+        return _bad_input('inspect', 'cannot write {}: {} (--out FILE '
+                          'writes it elsewhere)'.format(
+                              path, error.strerror or error))
+    print(path)
+    if args.open:
+        import webbrowser
+        if not webbrowser.open('file://' + path):
+            print('mmnan inspect: no browser to open it with; open the path '
+                  'above', file=sys.stderr)
     return EXIT_OK
 
 
@@ -350,19 +397,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_replay)
 
     p = sub.add_parser('inspect', help='show the manifest and report of a '
-                       'bundle, or what a work dir\'s died runs had in '
-                       'flight', description='Show the manifest and report '
-                       'of a bundle: it reads JSON only, never unpickles nor '
+                       'bundle, or what happened to a work dir\'s runs',
+                       description='Show the manifest and report of a '
+                       'bundle: it reads JSON only, never unpickles nor '
                        'executes anything of the bundle. Given a work dir, '
-                       'say which samples were in flight, at which '
-                       'iteration, when a run of it died inside a train '
-                       'step (SIGSEGV in an op, SIGKILL), with the Python '
-                       'stack of a fatal signal.')
+                       'tell its runs\' story from its files alone: every '
+                       'run (a resumed one joined to the run it continues), '
+                       'each incident in order (triggers and what became of '
+                       'each step, spikes, rewinds, crashes and what was in '
+                       'flight, with the Python stack of a fatal signal, the '
+                       'samples quarantined), the quarantine and the totals.')
     p.add_argument('bundle', help='bundle directory, or a work dir')
     p.add_argument('--html', action='store_true',
-                   help='print the path of the bundle\'s report.html')
+                   help='a bundle: print the path of its report.html; a '
+                   'work dir: write its page (the loss and gradient norm '
+                   'over every run, each incident marked and linked to its '
+                   'bundle\'s report, the quarantined samples\' pictures) '
+                   'and print its path')
     p.add_argument('--open', action='store_true',
-                   help='open report.html in a browser (implies --html)')
+                   help='open that page in a browser (implies --html)')
+    p.add_argument('--json', action='store_true',
+                   help='print it as JSON (a work dir: its story; a bundle: '
+                   'its manifest and report)')
+    p.add_argument('--out', metavar='FILE', default=None,
+                   help='where a work dir\'s page is written (default '
+                   'WORK_DIR/nan_inspect.html; implies --html)')
     p.set_defaults(func=_inspect)
 
     p = sub.add_parser('scan', help='pre-flight: run the train pipeline of a '

@@ -14,7 +14,7 @@ from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
 from ..diagnosis import (angle_range_from_config, apply_divergence,
                          declared_sizes, diagnose, train_pipeline)
 from ..errors import BundleError
-from ..records import Divergence, Report
+from ..records import Divergence, Report, SampleId
 from ..report import explain_by_config, finalize
 from ..memory import restore_rng
 
@@ -88,6 +88,21 @@ def _sources(bundle):
     return sources
 
 
+def _identities(bundle):
+    """Who each sample of the batch was (dataset index, file), as the run
+    knew it; ``None`` for a bundle that does not say (an earlier one)."""
+    samples = bundle.manifest.get('samples')
+    if not isinstance(samples, list):
+        return None
+    try:
+        return [SampleId(None if index is None else int(index),
+                         None if file is None else str(file))
+                for index, file in samples]
+    except (TypeError, ValueError) as error:
+        raise BundleError('corrupt "samples" in {}: {}: {}'.format(
+            bundle.path, type(error).__name__, error))
+
+
 def replay_bundle(path: str, device: str = 'cpu',
                   fp32: bool = False) -> Tuple[Any, Report]:
     """Replay the failing iteration of a bundle and diagnose it.
@@ -117,7 +132,8 @@ def replay_bundle(path: str, device: str = 'cpu',
         if state.has(OPTIMIZER) else None,
         declared=declared_sizes(bundle.manifest.get('annotations')),
         pipeline=train_pipeline(cfg), sources=_sources(bundle),
-        retry=bundle.manifest.get('trigger') != 'spike')
+        retry=bundle.manifest.get('trigger') != 'spike',
+        identities=_identities(bundle))
     # What the run knew of a divergence before the trigger, again.
     if apply_divergence(report,
                         Divergence.from_dict(bundle.manifest.get('divergence')),

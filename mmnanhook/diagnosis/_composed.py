@@ -72,9 +72,12 @@ def trace_parts(findings: List[Any], data_batch: Any,
         if (not sources or ProblemCategory.NONFINITE_INPUT
                 not in finding.categories):
             continue
+        # The main image: its metainfo's, or its dataset index's data
+        # info's (yolov5_collate keeps no metainfo, nor the parts).
+        main = meta.get('img_path') or finding.img_path
         try:
-            _trace(finding, str(meta.get('img_path')), meta.get(PARTS),
-                   sources)
+            _trace(finding, str(main), meta.get(PARTS), sources,
+                   finding.dataset_index)
         except Exception as error:  # noqa: BLE001 - the main image stays
             log('mmnanhook: the parts of composed sample %d are unknown '
                 '(%s: %s)' % (finding.index, type(error).__name__, error),
@@ -87,6 +90,7 @@ def _unknown_part(finding, main):
     finite: a partner made it, which cannot be named. Its finding keeps no
     file, so that no innocent main image is quarantined."""
     finding.img_path = None
+    finding.dataset_index = None
     finding.problems = [DataProblem(
         ProblemCategory.NONFINITE_INPUT,
         'input of this composed sample is not finite, but its main image {} '
@@ -97,8 +101,8 @@ def _unknown_part(finding, main):
             if p.category != ProblemCategory.NONFINITE_INPUT]
 
 
-def _trace(finding, main, parts, sources):
-    index, bad = _check(sources, None, main)
+def _trace(finding, main, parts, sources, index=None):
+    index, bad = _check(sources, index, main)
     if index is None or bad is not None:
         # The main image itself is not finite, or it is not one of the
         # composing datasets' (a sample nothing composed): it stays blamed.
@@ -111,6 +115,9 @@ def _trace(finding, main, parts, sources):
         if bad is None:
             continue
         finding.img_path = str(path)
+        # The part's index is its source dataset's: the quarantine finds
+        # the file's own indices in the train dataset.
+        finding.dataset_index = None
         problems = [p for p in finding.problems
                     if p.category != ProblemCategory.NONFINITE_INPUT]
         finding.problems = [DataProblem(

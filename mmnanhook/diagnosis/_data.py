@@ -321,19 +321,23 @@ def declared_size_problem(declared: Optional[Tuple[int, int]],
 
 
 def annotations(dataset: Any, data_batch: Any,
-                infos: Optional[Dict[int, Any]] = None
+                infos: Optional[Dict[int, Any]] = None,
+                identities: Optional[Sequence[Any]] = None
                 ) -> List[Optional[Dict[str, Any]]]:
     """What the annotations say of a batch's images: size and boxes.
 
-    Looked up by ``img_path`` in the dataset's data infos (through dataset
-    wrappers such as ``RepeatDataset``), with the dataset's
-    :class:`~mmnanhook.quarantine.SampleIndex` (built once per dataset).
+    The data info of each sample's dataset index, or (index unknown) of
+    the sample that loads its ``img_path`` (through dataset wrappers such as
+    ``RepeatDataset``, with the dataset's
+    :class:`~mmnanhook.quarantine.SampleIndex`, built once per dataset).
 
     Args:
         dataset: The train dataset (an mmengine ``BaseDataset``).
         data_batch (dict): The batch.
         infos (dict, optional): Filled with batch position -> the sample's
             data info as the dataset gives it (what its pipeline is given).
+        identities (list[SampleId], optional): Per sample, its dataset
+            index and file (:func:`~mmnanhook.quarantine.name_samples`).
 
     Returns:
         list: One ``{'declared': (width, height) | None, 'boxes': [[...]]}``
@@ -341,8 +345,25 @@ def annotations(dataset: Any, data_batch: Any,
         ``None`` where the sample was not found.
     """
     samples = (data_batch or {}).get('data_samples') or []
-    wanted = {sample_img_path(s): i for i, s in enumerate(samples)}
-    found = [None] * len(samples)
+    if not isinstance(samples, (list, tuple)):
+        # mmyolo's yolov5_collate: no sample's metainfo.
+        samples = []
+    n = max(len(samples), len(identities or ()))
+    identities = list(identities or []) + [None] * n
+    found = [None] * n
+    wanted = {}
+    if hasattr(dataset, 'get_data_info'):
+        for i, who in enumerate(identities):
+            if who is not None and who.index is not None:
+                info = dataset.get_data_info(who.index)
+                if isinstance(info, dict) and (who.file is None or str(
+                        info.get('img_path')) == who.file):
+                    found[i] = annotation_of(dataset, info)
+                    if infos is not None:
+                        infos[i] = info
+    for i, s in enumerate(samples):
+        if found[i] is None:
+            wanted[sample_img_path(s)] = i
     while dataset is not None and not hasattr(dataset, 'get_data_info'):
         dataset = getattr(dataset, 'dataset', None)
     wanted.pop(None, None)
@@ -393,7 +414,8 @@ def declared_size(dataset: Any,
 def check_batch(data_batch: Any,
                 angle_range: Optional[Tuple[float, float]] = None,
                 min_size: float = DEFAULT_MIN_SIZE,
-                declared: Optional[Sequence[Optional[Tuple[int, int]]]] = None
+                declared: Optional[Sequence[Optional[Tuple[int, int]]]] = None,
+                identities: Optional[Sequence[Any]] = None
                 ) -> List[SampleFinding]:
     """Check every sample of a batch for non-finite inputs and bad GT boxes.
 
@@ -407,6 +429,10 @@ def check_batch(data_batch: Any,
         declared (list, optional): Per sample, the ``(width, height)`` its
             annotation declares (:func:`declared_sizes`); a mismatch with
             the image as loaded is the sample's first problem.
+        identities (list[SampleId], optional): Per sample, its dataset
+            index and file (:func:`~mmnanhook.quarantine.name_samples`): a
+            finding's file where its metainfo names none (mmyolo's
+            ``yolov5_collate`` keeps no metainfo).
 
     Returns:
         list[SampleFinding]: One per sample of the batch (``problems`` may
@@ -422,6 +448,7 @@ def check_batch(data_batch: Any,
     inputs = _per_sample_inputs(data_batch.get('inputs'), n)
     results = []
     declared = list(declared or []) + [None] * n
+    identities = list(identities or []) + [None] * n
     for i, sample in enumerate(samples):
         problems = []
         mismatch = size_mismatch_problem(declared[i], sample)
@@ -436,8 +463,10 @@ def check_batch(data_batch: Any,
         if boxes is not None:
             problems.extend(
                 check_boxes(boxes, _image_hw(sample), angle_range, min_size))
-        results.append(SampleFinding(i, sample_img_path(sample),
-                                     capped(problems)))
+        who = identities[i]
+        results.append(SampleFinding(
+            i, sample_img_path(sample) or (who.file if who else None),
+            capped(problems), who.index if who else None))
     return results
 
 

@@ -36,6 +36,7 @@ from .._log import log as _log
 from ..records import DataProblem, ProblemCategory, SampleFinding
 from ..report import finalize, new_report
 from ._classify import classify, fill_location
+from .._batch import leave_out_refused
 from ._data import batch_size, check_batch, nonfinite_data, split_batch
 from ._fixes import verify_fixes
 from ._producer import ForwardWatch, LineLocator
@@ -76,6 +77,12 @@ def _replay_samples(session, report, backward, log):
     """
     n = batch_size(session.data_batch)
     if not n or n < 2:
+        return None
+    layout = leave_out_refused(session.data_batch)
+    if layout is not None:
+        report.notes.append(
+            'no sample was replayed alone: the batch\'s layout is not one '
+            'mmnanhook knows how to take a sample out of ({})'.format(layout))
         return None
     log('mmnanhook: replaying each of the {} samples alone'.format(n))
     replays = []
@@ -200,7 +207,8 @@ def diagnose(model: Any, data_batch: Any,
              drop_refused: Optional[str] = None,
              composed: Optional[Callable[[Any, Any], Any]] = None,
              start_attributes: Optional[Any] = None,
-             compiled: Optional[Dict[str, Any]] = None) -> Any:
+             compiled: Optional[Dict[str, Any]] = None,
+             identities: Optional[Sequence[Any]] = None) -> Any:
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -248,6 +256,9 @@ def diagnose(model: Any, data_batch: Any,
             that compiles its train step: a failure the eager replays do
             not make is replayed once more through the compiled forward
             (``report.compiled_agrees``).
+        identities (list[SampleId], optional): Per sample, its dataset
+            index and file (:func:`~mmnanhook.quarantine.name_samples`):
+            what the findings name and a drop quarantines.
 
     Returns:
         Report: The diagnosis, its ``kind`` a
@@ -271,7 +282,8 @@ def diagnose(model: Any, data_batch: Any,
             'autocast({}) is not available on {} with torch {}: replayed in '
             'float32 only'.format(report.amp_dtype, device,
                                   torch.__version__))
-    samples = check_batch(data_batch, angle_range, declared=declared)
+    samples = check_batch(data_batch, angle_range, declared=declared,
+                          identities=identities)
     if composed is not None:
         composed(samples, data_batch)
     report.batch_problems = [s for s in samples if s.problems]

@@ -15,7 +15,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 
-from .._batch import batch_size, replace_samples, split_batch
+from .._batch import (UnknownBatchError, batch_size, leave_out_refused,
+                      replace_samples, split_batch)
 from .._format import format_value
 from ..records import Fix, FixKind, ProblemCategory
 from ..recovery import samples_to_drop
@@ -46,7 +47,7 @@ def _replayed(kind, text, session, batch, samples, how):
 
 def _names(findings):
     return ', '.join('{} ({})'.format(
-        s.index, osp.basename(s.img_path) if s.img_path else 'no img_path')
+        s.index, osp.basename(s.img_path) if s.img_path else s.name)
         for s in findings)
 
 
@@ -105,9 +106,12 @@ class _Resampler(object):
                            '{}; with it the pipeline makes the very batch '
                            'of the fix "{}": the same replay'.format(
                                how, fix.fix), samples)
-        fix = _replayed(kind, text, session,
-                        replace_samples(session.data_batch, packed), samples,
-                        how)
+        try:
+            batch = replace_samples(session.data_batch, packed)
+        except UnknownBatchError as error:
+            return Fix(kind, text, None, None, 'not replayed: {}'.format(
+                error), samples)
+        fix = _replayed(kind, text, session, batch, samples, how)
         self._replays.append((packed, fix))
         return fix
 
@@ -235,7 +239,8 @@ def _drop_fix(report, session, refused):
         return None
     n = batch_size(session.data_batch)
     text = 'leave out sample(s) {}'.format(_names(report.samples))
-    dropped, _ = samples_to_drop(report, n)
+    layout = leave_out_refused(session.data_batch)
+    dropped, _ = samples_to_drop(report, n, refused=layout)
     if dropped == indices and refused:
         text += ": `NanDetectHook(policy='drop')` would only skip the step " \
             'here ({})'.format(refused)
@@ -244,6 +249,11 @@ def _drop_fix(report, session, refused):
     if not n or len(indices) >= n:
         return Fix(FixKind.DROP_SAMPLES, text, None, None,
                    'not replayed: no other sample is left in the batch',
+                   indices)
+    if layout is not None:
+        return Fix(FixKind.DROP_SAMPLES, text, None, None,
+                   'not replayed: the batch\'s layout is not one mmnanhook '
+                   'knows how to leave a sample out of ({})'.format(layout),
                    indices)
     keep = [i for i in range(n) if i not in indices]
     return _replayed(FixKind.DROP_SAMPLES, text, session,

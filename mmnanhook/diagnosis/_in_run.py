@@ -187,7 +187,7 @@ class Diagnostician(object):
                 runner, event, data_batch, rng_state, request.history,
                 options, request.divergence, self.start_weight,
                 request.rewind, replays, memory.attributes(event.fail_iter),
-                self.drop_refused)
+                self.drop_refused, memory.indices(event.fail_iter))
         finding = rank_finding(
             event.rank, report if options.replay else None, data_batch,
             event.fail_iter, raises=_raises(event) and not raised_by_nonfinite(

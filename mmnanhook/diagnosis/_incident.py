@@ -21,6 +21,7 @@ from ..bundle import (CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER, REPORT_HTML,
                       render_manifest, sample_image_name, sample_info_name,
                       to_strict_json, write_bundle)
 from ..memory import restore_rng
+from ..quarantine import name_samples
 from ..records import Report, Trigger
 from ..report import (cross_rank, explain_by_config, finalize,
                       format_report, render_html, sample_pictures)
@@ -55,12 +56,23 @@ def _unreplayed_report(summary):
     return Report(summary=summary)
 
 
-def _annotations(runner, data_batch, infos):
+def _identities(runner, data_batch, indices):
+    # Who each sample is: a label missing never costs the diagnosis.
+    try:
+        return name_samples(runner.train_dataloader.dataset, data_batch,
+                            indices)
+    except Exception as error:  # noqa: BLE001 - a missing detail only
+        log('mmnanhook: the samples of the batch are not named ({}: '
+            '{})'.format(type(error).__name__, error), logging.WARNING)
+        return None
+
+
+def _annotations(runner, data_batch, infos, identities):
     # What the annotations say of the batch's images; the bundle keeps it,
     # as a replay has no dataset to ask.
     try:
         return annotations(runner.train_dataloader.dataset, data_batch,
-                           infos)
+                           infos, identities)
     except Exception as error:  # noqa: BLE001 - a missing detail only
         log('mmnanhook: the annotations of the batch are unknown ({}: '
             '{})'.format(type(error).__name__, error), logging.WARNING)
@@ -100,6 +112,7 @@ class Material(NamedTuple):
     amp_dtype: Any
     infos: dict
     found: Any
+    identities: Any
     divergence: Any
     lowered: Optional[dict]
     replays: Callable
@@ -113,7 +126,9 @@ def examine(runner: Any, event: Any, data_batch: Any,
             start_weight: Optional[float] = None, rewind: bool = False,
             replays: Callable[[], Any] = contextlib.nullcontext,
             start_attributes: Optional[Any] = None,
-            drop_refused: Optional[str] = None) -> Tuple[Report, Material]:
+            drop_refused: Optional[str] = None,
+            indices: Optional[Sequence[Optional[int]]] = None
+            ) -> Tuple[Report, Material]:
     """Replay and diagnose a trigger (no bundle yet).
 
     Args:
@@ -139,6 +154,9 @@ def examine(runner: Any, event: Any, data_batch: Any,
             them.
         drop_refused (str, optional): Why ``policy='drop'`` only skips in
             this run (:func:`~mmnanhook.recovery.drop_unavailable`).
+        indices (list, optional): The dataset index of each sample of the
+            batch (the sampler's): what the report names (the file of its
+            data info) and a drop quarantines.
 
     Returns:
         tuple: The :class:`~mmnanhook.records.Report` and the
@@ -149,7 +167,8 @@ def examine(runner: Any, event: Any, data_batch: Any,
     amp_dtype = _amp_dtype(runner.optim_wrapper)
     optim_state = runner.optim_wrapper.state_dict()
     infos = {}
-    found = _annotations(runner, data_batch, infos)
+    identities = _identities(runner, data_batch, indices)
+    found = _annotations(runner, data_batch, infos, identities)
     # As a bundle gives them back: the fixes replay alike offline.
     infos = dict((i, json.loads(json.dumps(to_strict_json(info))))
                  for i, info in infos.items())
@@ -170,7 +189,8 @@ def examine(runner: Any, event: Any, data_batch: Any,
                     drop_refused=drop_refused,
                     composed=functools.partial(
                         trace_parts, dataset=runner.train_dataloader.dataset),
-                    compiled=compile_options(runner))
+                    compiled=compile_options(runner),
+                    identities=identities)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logging.ERROR)
@@ -195,8 +215,8 @@ def examine(runner: Any, event: Any, data_batch: Any,
         report.local_modules = list(scope.modules)
         report.notes.append(local)
     return report, Material(data_batch, rng_state, start_attributes,
-                            optim_state, amp_dtype, infos, found, divergence,
-                            lowered, replays, start)
+                            optim_state, amp_dtype, infos, found, identities,
+                            divergence, lowered, replays, start)
 
 
 def conclude(runner: Any, event: Any, report: Report, material: Material,
@@ -255,6 +275,10 @@ def conclude(runner: Any, event: Any, report: Report, material: Material,
         divergence.to_dict() if divergence is not None else None)
     if manifest['iter'] is None:
         manifest['iter'] = runner.iter
+    # Who each sample is (dataset index, file): an offline replay names
+    # them as the run did.
+    manifest['samples'] = None if material.identities is None else [
+        [s.index, s.file] for s in material.identities]
     manifest['run'] = getattr(runner, 'timestamp', None)
     plan = StatePlan(True) if states is None else states.plan(
         event, manifest['iter'], report.ranks, report.kind, diagnosers)

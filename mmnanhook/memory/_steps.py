@@ -5,7 +5,8 @@ mutate it) and the RNG states before its forward, for the micro-steps since
 the last update step only; the bad loss may be an earlier micro-step's.
 With them, the data preprocessor's attributes before the forward (a few
 entries: ``BatchSyncRandomResize`` resizes by the size it kept, and sets
-the next one in the same forward).
+the next one in the same forward), and the dataset index of each sample
+(what the diagnosis names and a drop quarantines).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class StepMemory(object):
                  preprocessor: Optional[torch.nn.Module] = None) -> None:
         self.window = max(1, int(window))
         self._steps = collections.OrderedDict()
+        self._indices = {}
         self._rng = StepRng()
         self._preprocessor = list(preprocessor.modules()) if isinstance(
             preprocessor, torch.nn.Module) else []
@@ -47,7 +49,8 @@ class StepMemory(object):
         return Attributes(self._preprocessor, step=True)
 
     def keep(self, iter: int, data_batch: Any,
-             attributes: Optional[Attributes] = None) -> None:
+             attributes: Optional[Attributes] = None,
+             indices: Optional[List[Optional[int]]] = None) -> None:
         """Keep ``data_batch`` and the RNG states now, for iteration ``iter``.
 
         Args:
@@ -55,10 +58,19 @@ class StepMemory(object):
             data_batch: Its raw batch.
             attributes (Attributes, optional): The data preprocessor's
                 attributes before its forward.
+            indices (list, optional): The dataset index of each of its
+                samples (``None`` where unknown).
         """
         self._steps[iter] = (data_batch, self._rng.capture(), attributes)
+        self._indices[iter] = indices
         while len(self._steps) > self.window:
-            self._steps.popitem(last=False)
+            gone, _ = self._steps.popitem(last=False)
+            self._indices.pop(gone, None)
+
+    def indices(self, iter: int) -> Optional[List[Optional[int]]]:
+        """The dataset index of each sample of ``iter``'s batch, or
+        ``None``."""
+        return self._indices.get(iter)
 
     def get(self, iter: int) -> Tuple[Any, Optional[Dict[str, Any]]]:
         """``(data_batch, rng_state)`` of ``iter``, or ``(None, None)``."""
@@ -77,6 +89,7 @@ class StepMemory(object):
     def clear(self) -> None:
         """Release everything kept."""
         self._steps.clear()
+        self._indices.clear()
 
     def __len__(self):
         return len(self._steps)

@@ -1,8 +1,9 @@
 """``nan_quarantine.json``: the samples a run must never load again.
 
-One entry per sample (its image file), with every index of the train
-dataset that loads that file (a ``RepeatDataset`` or ``ConcatDataset`` may
-hold it more than once), why it was quarantined, and where::
+One entry per sample: every index of the train dataset that loads it (a
+``RepeatDataset`` or ``ConcatDataset`` may hold it more than once), its
+image file when one is known (from its data info, or its metainfo: a label
+where the dataset has no data infos), why it was quarantined, and where::
 
     {"format": "mmnanhook-quarantine", "version": 1,
      "samples": [{"file": "data/coco/train2017/000123.jpg", "indices": [122],
@@ -69,6 +70,11 @@ class QuarantinedSample(object):
 
     def to_dict(self) -> Dict[str, Any]:
         return dict((k, getattr(self, k)) for k in self.__slots__)
+
+    def describe(self) -> str:
+        """Its file and dataset indices, in words."""
+        indices = 'dataset index %s' % ', '.join(map(str, self.indices))
+        return '%s (%s)' % (self.file, indices) if self.file else indices
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> QuarantinedSample:

@@ -4,12 +4,14 @@ A process can die inside a step without any exception of Python's: a
 signal in a C++ op (SIGSEGV), the OOM killer's SIGKILL. Nothing of the
 run's own then says which samples it was training on. Each rank keeps one
 small file, ``{work_dir}/nan_flight/{run}.rank{r}.rec``, rewritten before
-every train step (its iteration, epoch and the image file of each sample)
-and marked done after it, and has ``faulthandler`` write the Python stack
+every train step (its iteration, epoch, and each sample's dataset index
+and image file where known) and marked done after it, and has ``faulthandler`` write the Python stack
 of a fatal signal beside it (``.stack``), unless the process already has
 it enabled elsewhere. A run that ends, by any path Python sees, deletes
 its rank's files; the next run with the hook in that work dir (or ``mmnan
 inspect WORK_DIR``) finds what a died run left: a step not marked done.
+Under ``policy='drop'`` that run tries the step's samples one at a time
+(:mod:`._trial`) and quarantines the one whose trial dies.
 
 The record costs one ``pwrite`` before and one after each step (no fsync:
 a process that dies leaves the page cache to the kernel, which writes it).
@@ -26,7 +28,10 @@ import os.path as osp
 import struct
 import time
 import zlib
-from typing import Any, Iterable, List, NamedTuple, Optional
+from typing import Any, Iterable, List, NamedTuple, Optional, Sequence
+
+from ..records import SampleId
+from ._trial import try_alone
 
 DIR_NAME = 'nan_flight'
 _MAGIC = b'MMNANFL1'
@@ -51,6 +56,9 @@ class Flight(NamedTuple):
         time (float): When the step began (``time.time()``).
         stack (str): What ``faulthandler`` wrote of a fatal signal (the
             Python stack of each thread); empty when nothing.
+        indices (list, optional): Per sample, its dataset index (``None``
+            where unknown); ``None`` for a record without them (written
+            before they were recorded).
     """
 
     run: str
@@ -61,10 +69,20 @@ class Flight(NamedTuple):
     files: List[Optional[str]]
     time: float
     stack: str = ''
+    indices: Optional[List[Optional[int]]] = None
+
+    @property
+    def samples(self) -> List[SampleId]:
+        """Who each sample in flight was."""
+        indices = list(self.indices or [])
+        count = max(len(self.files), len(indices))
+        indices += [None] * (count - len(indices))
+        files = list(self.files) + [None] * (count - len(self.files))
+        return [SampleId(i, f) for i, f in zip(indices, files)]
 
     def describe(self) -> str:
         """One line: where the process was and what it held."""
-        files = ', '.join(f or '(no file name)' for f in self.files) or \
+        files = ', '.join(_described(s) for s in self.samples) or \
             'no samples recorded'
         how = 'a fatal signal (the Python stack below)' if self.stack \
             else 'no Python exception (SIGKILL: the OOM killer, a job ' \
@@ -107,30 +125,35 @@ class FlightRecorder(object):
             faulthandler.enable(self._stack, all_threads=True)
 
     def begin(self, iter: int, epoch: int,
-              files: Optional[Iterable[Optional[str]]]) -> None:
+              files: Optional[Iterable[Optional[str]]],
+              indices: Optional[Sequence[Optional[int]]] = None) -> None:
         """Before a train step: what it trains on.
 
         Args:
             iter (int): The iteration.
             epoch (int): The epoch.
             files (list, optional): Per sample, its image file.
+            indices (list, optional): Per sample, its dataset index.
         """
         files = list(files or [])
-        body = self._body(iter, epoch, files)
+        body = self._body(iter, epoch, files, list(indices or []))
         self._seq += 1
         self._slot = self._seq % 2
         os.pwrite(self._fd, _HEADER.pack(_MAGIC, self._seq, _IN_STEP,
                                          len(body), zlib.crc32(body)) + body,
                   self._slot * _SLOT)
 
-    def _body(self, iter, epoch, files):
+    def _body(self, iter, epoch, files, indices):
         record = dict(self._meta, iter=iter, epoch=epoch, time=time.time(),
-                      files=files)
+                      files=files, indices=indices)
         body = json.dumps(record).encode()
-        while len(body) > _SLOT - _HEADER.size and record['files']:
-            # A bounded record: the files that fit, and how many did not.
-            record['files'] = record['files'][:len(record['files']) // 2]
-            record['more'] = len(files) - len(record['files'])
+        count = max(len(files), len(indices))
+        while len(body) > _SLOT - _HEADER.size and count:
+            # A bounded record: the samples that fit, and how many did not.
+            count //= 2
+            record['files'] = files[:count]
+            record['indices'] = indices[:count]
+            record['more'] = max(len(files), len(indices)) - count
             body = json.dumps(record).encode()
         return body
 
@@ -199,11 +222,15 @@ def read_flights(directory: str, but: Optional[str] = None) -> List[Flight]:
             continue
         try:
             record = json.loads(found[2].decode())
+            indices = record.get('indices')
             flight = Flight(str(record['run']), int(record['rank']),
                             int(record['pid']), int(record['iter']),
                             int(record['epoch']), list(record['files']),
                             float(record['time']),
-                            _stack(path[:-len('.rec')] + '.stack'))
+                            _stack(path[:-len('.rec')] + '.stack'),
+                            None if indices is None else [
+                                None if i is None else int(i)
+                                for i in indices])
         except (ValueError, KeyError, TypeError):
             continue
         if flight.run != but:
@@ -236,8 +263,10 @@ def start_flight(runner: Any, quarantine: Any = None
     Args:
         runner (Runner): In ``before_train``.
         quarantine (Quarantine, optional): Where the samples of the step a
-            run died in go (the policy's choice: ``'drop'``); those of
-            :func:`culprits`, with source ``'crash'``.
+            run died in go (the policy's choice: ``'drop'``): of those of
+            :func:`culprits`, the ones whose trial alone dies
+            (:func:`~._trial.try_alone`), or all of them when none does,
+            with source ``'crash'``.
 
     Returns:
         FlightRecorder | None: ``None`` when the work dir cannot be written
@@ -251,7 +280,7 @@ def start_flight(runner: Any, quarantine: Any = None
         runner.logger.warning('mmnanhook: ' + flight.describe() + (
             '\n' + flight.stack if flight.stack else ''))
     if quarantine is not None and flights:
-        _quarantine(quarantine, culprits(flights), runner.logger)
+        _quarantine(runner, quarantine, culprits(flights))
     try:
         return FlightRecorder(directory, run, get_dist_info()[0])
     except OSError as error:
@@ -261,17 +290,65 @@ def start_flight(runner: Any, quarantine: Any = None
         return None
 
 
-def _quarantine(quarantine, flights, logger):
-    added = []
+def _described(sample):
+    if sample.index is None:
+        return sample.file or '(no file name)'
+    if sample.file is None:
+        return 'dataset index %d' % sample.index
+    return '%s (dataset index %d)' % (sample.file, sample.index)
+
+
+class _InFlight(NamedTuple):
+    """One sample of a step a process died in, and that step."""
+
+    flight: Flight
+    sample: SampleId
+
+
+def _resolved(quarantine, sample):
+    """``sample`` with its dataset index where only its file was recorded
+    (a batch whose index stream was not seen, a record of an earlier
+    version), and its file from its data info where it had none."""
+    index, file = sample.index, sample.file
+    if file is not None:
+        # A dataset with data infos keys a sample by its file (an index
+        # recorded for another file was drawn anew by the dataset).
+        found = quarantine.indices_of(file)
+        if found and index not in found:
+            index = found[0]
+    elif index is not None:
+        file = quarantine.file_of(index)
+    return SampleId(index, file)
+
+
+def _quarantine(runner, quarantine, flights):
+    logger = runner.logger
+    in_flight, seen = [], set()
     for flight in flights:
-        for file in flight.files:
-            reason = ('in flight when run %s died in train iteration %d' %
-                      (flight.run, flight.iter))
-            sample = quarantine.add(file, reason, iter=flight.iter,
-                                    epoch=flight.epoch, rank=flight.rank,
-                                    source='crash') if file else None
-            if sample is not None:
-                added.append(sample)
+        for sample in flight.samples:
+            sample = _resolved(quarantine, sample)
+            key = sample.index if sample.index is not None else sample.file
+            if key is None:
+                logger.warning(
+                    'mmnanhook: a sample in flight in run %s has neither a '
+                    'dataset index nor a file: it cannot be quarantined' %
+                    flight.run)
+                continue
+            if key not in seen:
+                seen.add(key)
+                in_flight.append(_InFlight(flight, sample))
+    if not in_flight:
+        return
+    chosen = _choose(runner, in_flight)
+    added = []
+    for flight, sample in chosen:
+        reason = ('in flight when run %s died in train iteration %d' %
+                  (flight.run, flight.iter))
+        entry = quarantine.add(sample.file, reason, sample.index,
+                               iter=flight.iter, epoch=flight.epoch,
+                               rank=flight.rank, source='crash')
+        if entry is not None:
+            added.append(entry)
     if not added:
         return
     try:
@@ -279,7 +356,39 @@ def _quarantine(quarantine, flights, logger):
     except OSError as error:
         logger.warning('mmnanhook: the quarantine list is not written (%s): '
                        'quarantined in this run only' % error)
-    for sample in added:
-        logger.warning('mmnanhook: quarantined %s (dataset index %s), in '
-                       'flight when the last run died: never loaded again' %
-                       (sample.file, ', '.join(map(str, sample.indices))))
+    for entry in added:
+        logger.warning('mmnanhook: quarantined %s, in flight when the last '
+                       'run died: never loaded again' % entry.describe())
+
+
+def _choose(runner, in_flight):
+    """The samples of a died step to quarantine: those whose trial alone
+    dies (or whose input is not finite); all of them when none does, or
+    when they cannot be tried (the log says why)."""
+    logger = runner.logger
+    if len(in_flight) < 2:
+        return in_flight
+    logger.warning(
+        'mmnanhook: trying the %d samples in flight one at a time, each in '
+        'a child process (loaded through the train pipeline, its input '
+        'checked, its forward and backward run alone with the model), to '
+        'find the one that killed the run' % len(in_flight))
+    trials, why = try_alone(runner, [s for _, s in in_flight])
+    if trials is None:
+        logger.warning('mmnanhook: the samples in flight cannot be tried '
+                       'alone: %s; all %d are quarantined' % (
+                           why, len(in_flight)))
+        return in_flight
+    for trial in trials:
+        logger.warning('mmnanhook: sample %s in flight, tried alone: %s' % (
+            _described(trial.sample), trial.detail))
+    culprit = [each for each, trial in zip(in_flight, trials)
+               if trial.culprit]
+    if culprit:
+        return culprit
+    logger.warning(
+        'mmnanhook: none of the %d samples in flight died alone (a crash '
+        'that needs the whole batch, or not the data\'s: the OOM killer, '
+        'another process\'s signal): all of them are quarantined' %
+        len(in_flight))
+    return in_flight

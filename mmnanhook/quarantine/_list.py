@@ -8,24 +8,28 @@ import logging
 import os.path as osp
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .._batch import UnknownBatchError
 from .._log import log
 from ._file import (FILE_NAME, QuarantinedSample, QuarantineError,
                     check_writable, keep_previous, read_quarantine,
                     write_quarantine)
 from ._composed import guard_composed, mixers
+from ._identity import info_path
 from ._index import BACKGROUND_FROM, sample_index
-from ._inflight import replace_data, without_files
+from ._inflight import replace_data, without_quarantined
 from ._sampler import Substitutes, install_sampler
 from ._stream import install_stream
 from ._workers import hand_over, stale_iterators
 
 
 class Quarantine(object):
-    """The samples a run never loads again.
+    """The samples a run never loads again, by their dataset index.
 
-    A listed sample with a file is keyed by it: its indices are those of
-    the train dataset that load the file now (an edited annotation file
-    shifts them); one without a file keeps its indices.
+    A listed sample with a file, in a dataset with data infos, is keyed by
+    the file: its indices are those of the train dataset that load the file
+    now (an edited annotation file shifts them). One without a file, or in a
+    dataset without data infos (a plain torch ``Dataset``: its file was a
+    label from its metainfo), keeps its indices.
 
     Args:
         path (str): Where the list is written (``nan_quarantine.json``).
@@ -55,10 +59,13 @@ class Quarantine(object):
         self._remove = ()
         self._composed = None
         self._hand_over = None
+        self._refused = False
         for sample in samples:
-            if sample.file is None:
+            if sample.file is None or not names_files(dataset):
                 self.samples.append(sample)
                 self.blocked.update(sample.indices)
+                if sample.file is not None:
+                    self.files.add(sample.file)
             elif sample.file not in self.files:
                 self.samples.append(sample)
                 self.files.add(sample.file)
@@ -98,7 +105,7 @@ class Quarantine(object):
             listed = read_quarantine(source)
             for n, sample in enumerate(listed):
                 bad = [i for i in sample.indices if i >= len(dataset)]
-                if sample.file is None and bad:
+                if (sample.file is None or not names_files(dataset)) and bad:
                     raise QuarantineError(
                         'quarantine file %s: sample #%d names index %d, '
                         'outside the train dataset (%d samples)' % (
@@ -151,34 +158,51 @@ class Quarantine(object):
 
     def admit(
         self, runner: Any, args: Sequence[Any], kwargs: Dict[str, Any],
+        indices: Optional[Sequence[Optional[int]]] = None,
         empty: bool = True
-    ) -> Tuple[Optional[Sequence[Any]], Optional[Dict[str, Any]]]:
+    ) -> Tuple[Optional[Sequence[Any]], Optional[Dict[str, Any]],
+               Optional[List[Optional[int]]]]:
         """``train_step``'s arguments without the quarantined samples of its
         batch (sampled before they were quarantined: in flight).
 
         Args:
             runner (Runner): The runner.
             args, kwargs: ``train_step``'s.
+            indices (list, optional): The dataset index of each sample of
+                the batch (:class:`~._identity.SampleTracker`).
             empty (bool): Whether a batch may be left without samples (the
                 step then not taken). Under DDP every rank must take the
                 step: such a batch is kept whole, and the step goes the way
                 of a trigger.
 
         Returns:
-            tuple: ``(args, kwargs)``; ``(None, None)`` when no sample of the
-            batch is left (the step is not taken).
+            tuple: ``(args, kwargs, indices)``, the indices those of the
+            samples left; ``(None, None, None)`` when no sample of the batch
+            is left (the step is not taken).
         """
-        batch, removed = without_files(
-            args[0] if args else kwargs.get('data'), self.files)
+        data = args[0] if args else kwargs.get('data')
+        try:
+            admitted = without_quarantined(data, indices, self.blocked,
+                                           self.files)
+        except UnknownBatchError as error:
+            if not self._refused:
+                self._refused = True
+                runner.logger.warning(
+                    'mmnanhook: iter %d: a quarantined sample is in this '
+                    'batch (sampled before the decision), but it cannot be '
+                    'left out: %s; it trains once more' % (runner.iter, error))
+            return args, kwargs, indices
+        removed = admitted.removed
         if not removed:
-            return args, kwargs
+            return args, kwargs, admitted.indices
+        batch = admitted.batch
         if batch is None and not empty:
             runner.logger.warning(
                 'mmnanhook: iter %d: every sample of this rank\'s batch is '
                 'quarantined (%s), sampled before the decision; every rank '
                 'takes the step, so the batch stays as it is' % (
                     runner.iter, ', '.join(removed)))
-            return args, kwargs
+            return args, kwargs, indices
         self.removed += len(removed)
         runner.message_hub.update_scalar('train/quarantine_removed',
                                          self.removed)
@@ -188,8 +212,9 @@ class Quarantine(object):
                 runner.iter, ', '.join(removed), '' if batch is not None else
                 '; no sample is left: the step is not taken'))
         if batch is None:
-            return None, None
-        return replace_data(args, kwargs, batch)
+            return None, None, None
+        args, kwargs = replace_data(args, kwargs, batch)
+        return args, kwargs, admitted.indices
 
     def indices_of(self, file: str) -> List[int]:
         """Every index of the train dataset that loads ``file`` (the
@@ -197,30 +222,46 @@ class Quarantine(object):
         themselves)."""
         return sample_index(self.dataset).indices(file)
 
-    def add(self, file: str, reason: str,
+    def file_of(self, index: int) -> Optional[str]:
+        """The file of the train dataset's sample ``index`` (its data
+        info's), or ``None``."""
+        return info_path(self.dataset, index)
+
+    def add(self, file: Optional[str], reason: str,
+            index: Optional[int] = None,
             **where: Any) -> Optional[QuarantinedSample]:
-        """Quarantine the sample of ``file``.
+        """Quarantine one sample, by its dataset index or its file.
 
         Args:
-            file (str): Its image file (``img_path`` of its metainfo).
+            file (str, optional): Its image file; in a dataset with data
+                infos every index that loads it is quarantined.
             reason (str): Why.
+            index (int, optional): Its dataset index (the sampler's): what
+                is quarantined where no data info names the file (a plain
+                torch ``Dataset``), the file then a label.
             **where: ``iter``, ``epoch``, ``rank``, ``source``.
 
         Returns:
-            QuarantinedSample | None: The new entry; ``None`` when the file
-            is already quarantined or no dataset index loads it.
+            QuarantinedSample | None: The new entry; ``None`` when it is
+            already quarantined or no dataset index is known for it.
         """
-        if file in self.files:
+        if file is not None and file in self.files:
             return None
-        indices = self.indices_of(file)
-        if not indices:
+        indices = self.indices_of(file) if file is not None else []
+        if not indices and index is not None and \
+                0 <= index < len(self.dataset):
+            indices = [index]
+        if not indices or (file is None and self.blocked.issuperset(
+                indices)):
             return None
         sample = QuarantinedSample(indices, file, reason, **where)
         self.samples.append(sample)
-        self.files.add(file)
-        self.blocked.update(indices)
-        if self._composed is not None:
+        if file is not None:
+            self.files.add(file)
+        self.blocked.update(sample.indices)
+        if self._composed is not None and file is not None:
             self._composed.block(file)
+        if self._composed is not None:
             self.replace_workers()
         return sample
 
@@ -234,22 +275,23 @@ class Quarantine(object):
 
         Returns:
             tuple: ``(added, unknown)``: the new entries, and the findings
-            no dataset index could be found for (no ``img_path``, or none
-            of the dataset's samples loads it).
+            no dataset index could be found for (neither a dataset index
+            nor a file that a sample of the dataset loads).
         """
         added, unknown = [], []
         for culprit in samples:
-            file = culprit.sample.img_path
-            reason = '; '.join(p.text for p in culprit.sample.problems) or \
+            found = culprit.sample
+            file, index = found.img_path, found.dataset_index
+            reason = '; '.join(p.text for p in found.problems) or \
                 'fails on its own in the replay'
-            if file in self.files:
+            if file in self.files or (file is None and index in self.blocked):
                 continue
             # Under DDP a culprit names the rank whose batch held it.
             rank = where.get('rank') if culprit.rank is None else culprit.rank
-            sample = self.add(file, reason, **dict(where, rank=rank)) \
-                if file else None
+            sample = self.add(file, reason, index, **dict(where, rank=rank)) \
+                if file is not None or index is not None else None
             (added if sample is not None else unknown).append(
-                sample if sample is not None else culprit.sample)
+                sample if sample is not None else found)
         return added, unknown
 
     def record(self, findings: Sequence[Any], event: Any, source: str,
@@ -266,15 +308,16 @@ class Quarantine(object):
         added, unknown = self.add_found(
             findings, iter=event.iter, epoch=event.epoch, rank=event.rank,
             source=source)
-        if any(f.sample.img_path is None for f in findings):
+        if any(f.sample.img_path is None and f.sample.dataset_index is None
+               for f in findings):
             # A composed sample without recorded parts: from workers that
             # started before the guard.
             self.replace_workers()
         for finding in unknown:
             logger.warning(
                 'mmnanhook: sample %s of the batch (%s) cannot be '
-                'quarantined: no index of the train dataset loads it' %
-                (finding.index, finding.img_path))
+                'quarantined: no index of the train dataset is known for it' %
+                (finding.index, finding.name))
         if not added:
             return
         try:
@@ -286,9 +329,8 @@ class Quarantine(object):
                 self.path, error)
         for sample in added:
             logger.warning(
-                'mmnanhook: quarantined %s (dataset index %s): never loaded '
-                'again in this run; %s' % (sample.file, ', '.join(
-                    map(str, sample.indices)), where))
+                'mmnanhook: quarantined %s: never loaded again in this run; '
+                '%s' % (sample.describe(), where))
 
     def save(self) -> None:
         """Write the list (atomically).
@@ -299,6 +341,13 @@ class Quarantine(object):
         """
         if self.writes:
             write_quarantine(self.path, self.samples)
+
+
+def names_files(dataset: Any) -> bool:
+    """Whether ``dataset``'s samples can be found by their file (it has
+    data infos: an mmengine ``BaseDataset`` or one of its wrappers); else a
+    sample is known by its index alone."""
+    return hasattr(dataset, 'get_data_info')
 
 
 def prepare_index(dataset: Any) -> List[Any]:

@@ -13,11 +13,15 @@ nothing is quarantined every batch is the object torch would have used.
 
 A persistent iterator's ``_reset`` (each epoch) draws a new index iterator
 from the batch sampler, whose sampler :func:`.install_sampler` wrapped.
+The record of each sample's index (:class:`~._identity.Drawn`) stays
+outermost: it records the indices loaded, the substitutes included.
 """
 from __future__ import annotations
 
 from numbers import Integral
 from typing import Any, Callable, Iterator, List
+
+from ._identity import inside_drawn
 
 
 class IndexStream(object):
@@ -69,13 +73,15 @@ def install_stream(runner: Any, substitute: Any) -> Callable[[], None]:
     """
     wrapped = []
     for iterator in live_iterators(runner):
-        stream = IndexStream(iterator._sampler_iter, substitute)
-        iterator._sampler_iter = stream
-        wrapped.append((iterator, stream))
+        holder = inside_drawn(iterator)
+        name = '_sampler_iter' if holder is iterator else 'source'
+        stream = IndexStream(getattr(holder, name), substitute)
+        setattr(holder, name, stream)
+        wrapped.append((holder, name, stream))
 
     def remove() -> None:
-        for iterator, stream in wrapped:
-            if iterator._sampler_iter is stream:
-                iterator._sampler_iter = stream.source
+        for holder, name, stream in wrapped:
+            if getattr(holder, name) is stream:
+                setattr(holder, name, stream.source)
 
     return remove

@@ -18,6 +18,8 @@ from typing import Any, Iterator, List, Tuple
 
 import torch
 
+from ._identity import Drained
+
 
 class _Given(object):
     """A batch sampler whose iterator is an index stream already running."""
@@ -53,8 +55,9 @@ class Handover(object):
         self._sampler_iter = old._sampler_iter
         self.fresh = None
         # The old workers build what they were given, nothing more: the old
-        # iterator ends once it has yielded all of it.
-        old._sampler_iter = iter(())
+        # iterator ends once it has yielded all of it (the indices of those
+        # batches still found through it).
+        old._sampler_iter = Drained(old._sampler_iter)
 
     def __iter__(self):
         return self

@@ -5,7 +5,7 @@ replay's measurements.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Set, Union
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Set, Union
 
 from ._event import _StrEnum
 
@@ -73,6 +73,42 @@ class DataProblem(object):
         return 'DataProblem(%s, %r)' % (self.category, self.text)
 
 
+class SampleId(NamedTuple):
+    """Who one sample of a batch is: the dataset index its sampler gave it
+    (what the quarantine, the crash record and the report go by) and its
+    file, a label for people.
+
+    Args:
+        index (int, optional): Its index in the train dataset (the
+            dataloader's: a wrapper's own index under Concat/Repeat/
+            ClassBalanced); ``None`` when the loader's index stream was not
+            seen (a batch sampled before the hook started, an iterable
+            dataset).
+        file (str, optional): Its image file, from its metainfo or its data
+            info; ``None`` when neither has one.
+    """
+
+    index: Optional[int] = None
+    file: Optional[str] = None
+
+    @property
+    def name(self) -> str:
+        """The file, else ``dataset index N``, else ``no img_path``."""
+        return sample_name(self.file, self.index)
+
+
+def sample_name(file: Optional[str], index: Optional[int]) -> str:
+    """How a sample is named for people: its file, else its dataset index.
+
+    Args:
+        file (str, optional): Its image file.
+        index (int, optional): Its dataset index.
+    """
+    if file:
+        return file
+    return 'dataset index %d' % index if index is not None else 'no img_path'
+
+
 class SampleFinding(object):
     """What was found about one sample of the failing batch.
 
@@ -80,32 +116,47 @@ class SampleFinding(object):
         index (int): Position in the batch.
         img_path (str, optional): Its image file.
         problems (list[DataProblem]): Its data problems (may be empty).
+        dataset_index (int, optional): Its index in the train dataset (the
+            sampler's), what a drop quarantines; ``None`` when unknown.
     """
 
-    __slots__ = ('index', 'img_path', 'problems')
+    __slots__ = ('index', 'img_path', 'problems', 'dataset_index')
 
     def __init__(self, index: Optional[int], img_path: Optional[str] = None,
-                 problems: Optional[Sequence[DataProblem]] = None) -> None:
+                 problems: Optional[Sequence[DataProblem]] = None,
+                 dataset_index: Optional[int] = None) -> None:
         self.index = index
         self.img_path = img_path
         self.problems = list(problems or [])
+        self.dataset_index = dataset_index
 
     @property
     def categories(self) -> Set[Optional[ProblemCategory]]:
         """The categories of its problems."""
         return set(p.category for p in self.problems)
 
+    @property
+    def name(self) -> str:
+        """Its file, else ``dataset index N``, else ``no img_path``."""
+        return sample_name(self.img_path, self.dataset_index)
+
     def to_dict(self) -> Dict[str, Any]:
-        """As ``report.json`` stores it: problems as their sentences."""
-        return {'index': self.index, 'img_path': self.img_path,
+        """As ``report.json`` stores it: problems as their sentences;
+        ``dataset_index`` only when known (a report of a batch whose index
+        stream was not seen reads as before)."""
+        data = {'index': self.index, 'img_path': self.img_path,
                 'problems': [p.text for p in self.problems]}
+        if self.dataset_index is not None:
+            data['dataset_index'] = self.dataset_index
+        return data
 
     @classmethod
     def from_dict(cls, data: Dict[str, Any]) -> SampleFinding:
         """Read back :meth:`to_dict` (problem categories unknown)."""
         return cls(data.get('index'), data.get('img_path'),
                    [DataProblem(None, text)
-                    for text in data.get('problems') or []])
+                    for text in data.get('problems') or []],
+                   data.get('dataset_index'))
 
 
 class Culprit(object):
@@ -125,7 +176,7 @@ class Culprit(object):
         self.rank = rank
 
     def __repr__(self):
-        return 'Culprit(%r, rank %s)' % (self.sample.img_path, self.rank)
+        return 'Culprit(%r, rank %s)' % (self.sample.name, self.rank)
 
 
 class RankFinding(object):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from .._batch import batch_size
+from .._batch import batch_size, leave_out_refused
 from ..records import NONFINITE_DATA, Culprit, Kind, RankFinding
 
 # Kinds whose implicated samples are the cause: the data itself, or a forward
@@ -34,7 +34,7 @@ def drop_unavailable(wrappers: int) -> Optional[str]:
 
 
 def samples_to_drop(report: Optional[Any], batch_size: Optional[int],
-                    whole: bool = False
+                    whole: bool = False, refused: Optional[str] = None
                     ) -> Tuple[Optional[List[int]], Optional[str]]:
     """The batch positions a drop leaves out, or why none can be.
 
@@ -43,6 +43,9 @@ def samples_to_drop(report: Optional[Any], batch_size: Optional[int],
         batch_size (int, optional): Samples in the failing batch.
         whole (bool): Whether the whole batch may be left out (under DDP
             the rank then takes part with a zero loss).
+        refused (str, optional): Why no sample can be left out of the
+            failing batch (:func:`~mmnanhook._batch.leave_out_refused`: a
+            layout that is not known is never guessed at).
 
     Returns:
         tuple: ``(indices, None)``, or ``(None, reason)`` when ``'drop'``
@@ -61,6 +64,10 @@ def samples_to_drop(report: Optional[Any], batch_size: Optional[int],
         return None, 'no sample of the batch fails on its own'
     if len(indices) >= batch_size and not whole:
         return None, 'every sample of the batch fails on its own'
+    if refused is not None and len(indices) < batch_size:
+        return None, ('sample(s) %s cannot be left out of the batch: its '
+                      'layout is not one mmnanhook knows (%s)' % (
+                          ', '.join(map(str, indices)), refused))
     return indices, None
 
 
@@ -94,7 +101,9 @@ def rank_finding(rank: int, report: Optional[Any] = None,
     if report is None or report.kind is None:
         return RankFinding(rank, iter=iter, raises=raises, error=error)
     n = batch_size(data_batch) if data_batch is not None else None
-    drop, reason = samples_to_drop(report, n, whole=True)
+    drop, reason = samples_to_drop(
+        report, n, whole=True, refused=leave_out_refused(data_batch)
+        if data_batch is not None else None)
     nonfinite = any(s.categories.intersection(NONFINITE_DATA)
                     for s in report.batch_problems)
     return RankFinding(

@@ -115,7 +115,7 @@ def _samples(report, pictures):
     parts = ['<h2>Samples</h2>']
     for sample in report.samples:
         parts.append('<p><b>sample {}</b> <code>{}</code></p><ul>{}</ul>'
-                     .format(sample.index, _e(sample.img_path), ''.join(
+                     .format(sample.index, _e(sample.name), ''.join(
                          '<li>{}</li>'.format(_e(p.text))
                          for p in sample.problems) or
                          '<li>no data problem found</li>'))

@@ -13,8 +13,7 @@ from typing import Any, Sequence
 
 def _named(culprits):
     return '; '.join(
-        'rank {} sample {} ({})'.format(f.rank, s.index, s.img_path or
-                                        'no img_path')
+        'rank {} sample {} ({})'.format(f.rank, s.index, s.name)
         for f in culprits for s in f.samples)
 
 

@@ -74,7 +74,7 @@ def _first_problem_text(samples):
     for sample in samples:
         problems = sample.problems
         if problems:
-            path = sample.img_path or 'no img_path'
+            path = sample.name
             text = problems[0].text
             if (problems[0].category == ProblemCategory.SIZE_MISMATCH
                     and len(problems) > 1):

@@ -35,7 +35,8 @@ def verified_hints(report: Report) -> Set[int]:
 
 def _sample_line(sample):
     return '  [{}] {}: {}'.format(
-        sample.index, sample.img_path or '-',
+        sample.index, sample.name if sample.img_path or
+        sample.dataset_index is not None else '-',
         '; '.join(p.text for p in sample.problems) or
         'no data problem found')
 

@@ -21,11 +21,12 @@ from .._mmengine import is_ddp, unwrap_model
 from .._patch import set_attribute
 from ..bundle import StateLedger
 from ..diagnosis import (Diagnostician, communicating_modules,
-                         largest_param)
+                         default_dump_dir, largest_param)
 from ..errors import CheckBypassedError, NonFiniteError, RankTimeoutError
 from ..options import anomaly_wanted
-from ..quarantine import (call_with, prepare_index, start_flight,
-                          start_quarantine)
+from ..quarantine import (call_with, flight_dir, live_iterators, prepare_index,
+                          read_flights, start_flight, start_quarantine,
+                          track_samples)
 from ..recovery import Policy, drop_unavailable
 from ..report import forget_nonfinite
 from .._losses import loss_terms
@@ -34,6 +35,7 @@ from ..memory import (BufferSnapshot, ForwardStart, StepMemory, StepState,
                       step_record)
 from ..sentinel import (BypassGuard, Dropper, InputCheck, Listener, Rewinder,
                         install_nan_detect, param_norms)
+from ._journal import start_journal
 from ._trigger import TriggerProcedure
 
 
@@ -96,6 +98,10 @@ class HookRun(Listener):
         # dataset's index is walked in a child process from now on (forked
         # before the snapshot thread below starts).
         self.walks = prepare_index(runner.train_dataloader.dataset)
+        # The dataset index of each sample of each batch: what the drop,
+        # the quarantine and the record of a step in flight go by.
+        self.samples = track_samples(runner.train_dataloader,
+                                     live_iterators(runner))
         self.rewinder = None
         if self.policy.rewinds:
             self.rewinder = Rewinder(options.rewind, self.logger.log)
@@ -114,11 +120,24 @@ class HookRun(Listener):
             self.quarantine = start_quarantine(
                 runner, quarantine.quarantine, quarantine.quarantine_file,
                 writes=self.ranks is None or self.ranks.writes)
+        # The work dir's incident journal: rank 0 writes it, with every
+        # rank's findings.
+        self.journal = start_journal(
+            runner, self.ranks is None or self.ranks.rank == 0)
+        self.journal.started(
+            runner, options.check.policy,
+            options.dump_dir or default_dump_dir(runner), self.quarantine,
+            self.ranks.world_size if self.ranks is not None else 1)
+        if self.journal.writes:
+            self.journal.crashed(read_flights(flight_dir(runner.work_dir),
+                                              but=self.journal.run))
         # What earlier runs that died inside a step had in flight; this
         # run's record of its own steps.
         self.flight = start_flight(
             runner, self.quarantine if self.policy.quarantines_crashes()
             else None)
+        if self.quarantine is not None:
+            self.journal.quarantined(self.quarantine.samples)
         # The spike detector of the (first) sentinel: the run's spikes.
         self.spike_detector = self.sentinel.check.spikes
         self.procedure = TriggerProcedure(self, Diagnostician(
@@ -140,14 +159,25 @@ class HookRun(Listener):
             module, 'parse_losses', self._wrap_parse_losses(
                 module.parse_losses))
 
-    def close(self) -> None:
+    def close(self, how: Optional[str] = None) -> None:
         """Undo every change and let go of what the run kept (again: a
-        no-op)."""
+        no-op).
+
+        Args:
+            how (str, optional): How the run ended, for the journal
+                (``'finished'``, or the error a train step raised); ``None``:
+                not known (a run that ended outside a train step).
+        """
+        if self.journal is not None:
+            if how is not None:
+                self.journal.ended(self.runner.iter, self.runner.epoch, how)
+            self.journal.close()
+            self.journal = None
         if self._restore_parse is not None:
             self._restore_parse()
             self._restore_parse = None
         for part in (self.handle, self.inputs, self.quarantine,
-                     self.forward_guard, self.flight):
+                     self.forward_guard, self.flight, self.samples):
             if part is not None:
                 part.remove()
         if self.ranks is not None:
@@ -162,6 +192,7 @@ class HookRun(Listener):
         # Snapshots are memory of the run that ended.
         self.rewinder = self.dropper = None
         self.handle = self.inputs = self.quarantine = self.flight = None
+        self.samples = None
         self.forward_guard = self.ranks = None
 
     def _wrap_parse_losses(self, parse_losses):
@@ -197,15 +228,19 @@ class HookRun(Listener):
         try:
             if guard is not None:
                 guard.begin(self._records)
+            indices = self.samples.indices(
+                args[0] if args else kwargs.get('data'))
             if self.quarantine is not None:
                 # Under DDP every rank takes a step: a batch is never left
                 # empty there.
-                args, kwargs = self.quarantine.admit(
-                    self.runner, args, kwargs, empty=self.ranks is None)
+                args, kwargs, indices = self.quarantine.admit(
+                    self.runner, args, kwargs, indices,
+                    empty=self.ranks is None)
                 if args is None:
                     self.step = StepState()
                     return {}
-            self._before_step(args[0] if args else kwargs.get('data'))
+            self._before_step(args[0] if args else kwargs.get('data'),
+                              indices)
             self.guard.start()
             records = self._records()
             outputs = train_step(*args, **kwargs)
@@ -235,10 +270,11 @@ class HookRun(Listener):
                 compat.restore_anomaly(state)
             self.train_iters += 1
 
-    def _before_step(self, data_batch):
+    def _before_step(self, data_batch, indices=None):
         """Keep what a trigger in this train iteration needs to replay it:
         the batch (by reference: ``train_step`` does not mutate it), its
-        RNG states and, when a step may be left out, the buffers."""
+        samples' dataset indices, its RNG states and, when a step may be
+        left out, the buffers."""
         attributes = self.memory.preprocessor_attributes()
         if self.policy.leaves_steps_out:
             # Before the first micro-step since the last update step (a
@@ -249,11 +285,11 @@ class HookRun(Listener):
                 BufferSnapshot(model), attributes) if self.memory else None
             if not self.memory:
                 self.buffers = ForwardStart(BufferSnapshot(model), attributes)
-        self.memory.keep(self.runner.iter, data_batch, attributes)
+        self.memory.keep(self.runner.iter, data_batch, attributes, indices)
         self.inputs.arm(data_batch)
         if self.flight is not None:
             self.flight.begin(self.runner.iter, self.runner.epoch,
-                              sample_files(data_batch))
+                              sample_files(data_batch), indices)
         self.step = StepState()
         for sentinel in self.handle.sentinels:
             sentinel.outcome = None
@@ -340,6 +376,7 @@ class HookRun(Listener):
     def on_spike(self, spikes: List[Any]) -> None:
         for spike in spikes:
             self.logger.warning('mmnanhook: %r' % (spike, ))
+        self.journal.spiked(spikes, self.options.check.spike_policy)
         self.step.spikes = [spike.series for spike in spikes]
         earlier = [s for s in self.spike_detector.spikes[:-len(spikes)]
                    if s.iter >= spikes[0].iter -

@@ -25,7 +25,7 @@ import torch
 from .. import compat
 from .._mmengine import is_ddp, unwrap_model
 from ..diagnosis import Diagnostician, DiagnosisRequest, evidence_before
-from ..errors import PeerForwardFailed
+from ..errors import NonFiniteError, PeerForwardFailed
 from ..records import NonFiniteEvent, Trigger
 from ..recovery import (Answer, Circumstances, Plan, Step, carry_out,
                         drop_decision, rank_finding)
@@ -72,8 +72,8 @@ class TriggerProcedure(object):
             event,
             consecutive_skips=step.sentinel.check.consecutive_skips)
         event, answer = self._prepare(plan, found)
-        carry_out(plan.decide(answer), event, answer, step,
-                  dropped=functools.partial(self._dropped, event))
+        self._carry_out(plan, event, answer, step,
+                        functools.partial(self._dropped, event))
 
     def _dropped(self, event: NonFiniteEvent, drop: Recomputation) -> None:
         """An update step recomputed without samples is applied."""
@@ -90,7 +90,9 @@ class TriggerProcedure(object):
         """An exception raised in backward (it propagates whatever the
         policy): what the diagnosis adds to it."""
         plan, found = self._plan(event, in_backward=True)
-        return self._prepare(plan, found)[1].text()
+        event, answer = self._prepare(plan, found)
+        self._note(plan, event, answer, 'propagate')
+        return answer.text()
 
     def forward_raised(self, exc: Exception,
                        train_step: Callable) -> Optional[dict]:
@@ -128,12 +130,42 @@ class TriggerProcedure(object):
                 ranks.exchange(rank_finding(
                     ranks.rank, iter=event.iter, raises=True,
                     error='%s: %s' % (type(exc).__name__, exc)))
+            self._note(plan, event, None, 'propagate')
             return None
         event, answer = self._prepare(plan, found)
         step = _ForwardStep(run, exc, train_step)
-        carry_out(plan.decide(answer), event, answer, step,
-                  dropped=functools.partial(self._quarantine_drop, event))
+        self._carry_out(plan, event, answer, step,
+                        functools.partial(self._quarantine_drop, event))
         return step.outputs
+
+    # -- what became of the step, in the journal ------------------------------
+
+    def _carry_out(self, plan: Plan, event: NonFiniteEvent, answer: Answer,
+                   step: Step, dropped: Callable) -> None:
+        """The plan's decision carried out on ``step``; the trigger noted
+        in the run's journal with what became of the step (a raise too)."""
+        try:
+            action = carry_out(plan.decide(answer), event, answer, step,
+                               dropped=dropped)
+        except NonFiniteError:
+            self._note(plan, event, answer, 'raise')
+            raise
+        self._note(plan, event, answer, action.value)
+
+    def _note(self, plan: Plan, event: NonFiniteEvent,
+              answer: Optional[Answer], act: str) -> None:
+        """The trigger in the journal, then the samples it quarantined."""
+        run = self.run
+        rewind = {}
+        if plan.rewind_to is not None and run.rewound_at is not None:
+            # The step is left out and the state put back: a rewind.
+            act, factor = 'rewind', run.rewinder.factor
+            groups = run.handle.wrappers[0].optimizer.param_groups
+            rewind = dict(rewind_to=run.rewound_at, lr_factor=factor,
+                          lr=groups[0]['lr'] * factor if groups else None)
+        run.journal.triggered(event, plan.policy, answer, act, **rewind)
+        if run.quarantine is not None:
+            run.journal.quarantined(run.quarantine.samples)
 
     # -- the plan ------------------------------------------------------------
 

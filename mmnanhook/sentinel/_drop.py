@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from .._batch import batch_size, split_batch
+from .._batch import batch_size, leave_out_refused, split_batch
 from .._losses import loss_terms
 from .._mmengine import unwrap_model
 from .._patch import patched
@@ -267,7 +267,9 @@ class Dropper(object):
             fail = event.fail_iter
             batch = dict((i, b) for i, b, _ in steps).get(fail)
             indices, reason = samples_to_drop(
-                report, batch_size(batch) if batch is not None else None)
+                report, batch_size(batch) if batch is not None else None,
+                refused=leave_out_refused(batch) if batch is not None
+                else None)
         elif reason is None:
             reason = decision.reason
         if reason is not None:

@@ -6,6 +6,7 @@ Usage::
     python -m mmnan_testing.crash die WORK_DIR SIGNAL
     python -m mmnan_testing.crash resume WORK_DIR
     python -m mmnan_testing.crash tile NAME WORK_DIR POLICY
+    python -m mmnan_testing.crash plain die|resume WORK_DIR SIGNAL
 
 ``die``: the tiny RetinaNet under ``NanDetectHook(policy='drop')``, a
 checkpoint after every iteration; in iteration :data:`DIES_AT` its backbone's
@@ -18,6 +19,14 @@ the files of each iteration's batch.
 four images, image :data:`TILE` loaded as float pixels, all NaN
 (:mod:`mmnan_testing.nodata`), ``NanDetectHook(policy=POLICY)`` (``default``:
 the hook's own); prints what came of it.
+``plain``: a plain torch ``Dataset`` (:mod:`mmnan_testing.plain`: no data
+infos, the file in each sample's metainfo), ``IterBasedTrainLoop`` in
+order, batches of 2, a checkpoint after every iteration,
+``NanDetectHook(policy='drop')``; sample :data:`PLAIN_DEADLY` (in iteration
+:data:`DIES_AT`, beside an innocent one) kills the process in the forward
+with ``SIGNAL``. ``die`` trains until it dies; ``resume`` resumes in the
+same work dir and prints the indices of each iteration's batch (by the
+samples' own inputs) and the loads of each process (``log_file``).
 """
 import ctypes
 import json
@@ -31,6 +40,7 @@ from mmengine.runner import Runner
 
 from mmnanhook import NonFiniteError
 from mmnanhook._mmengine import unwrap_model
+from mmnan_testing import plain as plain_bed
 from mmnan_testing import testbed, zoo
 from mmnan_testing.nodata import nodata_pipeline, register_nodata_transforms
 
@@ -38,6 +48,10 @@ DIES_AT = 2
 ITERS = 4
 TILE = 3
 IMAGES = 4
+# The plain dataset's sample that kills the process: iteration DIES_AT's
+# second (its first, 2 * DIES_AT, is innocent).
+PLAIN_DEADLY = 2 * DIES_AT + 1
+PLAIN_SAMPLES = 8
 
 
 def _print(**values):
@@ -130,10 +144,46 @@ def tile(name, work_dir, policy):
                       for p in unwrap_model(runner.model).parameters()))
 
 
+class _Batches(Hook):
+    """The index of each sample of every iteration's batch, read from the
+    samples' own inputs (their first value)."""
+
+    priority = 'VERY_LOW'
+
+    def __init__(self):
+        self.batches = []
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self.batches.append([int(x[0]) for x in data_batch['inputs']])
+
+
+def plain(what, work_dir, signal_name):
+    torch.set_num_threads(1)
+    log_file = os.path.join(work_dir, 'loads.log')
+    dataset = plain_bed.PlainDataset(PLAIN_SAMPLES, deadly=[PLAIN_DEADLY],
+                                     log_file=log_file)
+    batches = _Batches()
+    runner = plain_bed.plain_runner(
+        os.path.join(work_dir, 'work'), dataset, dict(policy='drop'),
+        max_iters=ITERS, resume=what == 'resume', how=signal_name,
+        checkpoint=True, custom_hooks=[batches])
+    if what == 'die':
+        # Each load before the fatal step's: what that step held is known.
+        open(log_file, 'w').close()
+    started = os.path.getsize(log_file) if os.path.exists(log_file) else 0
+    runner.train()
+    with open(log_file) as f:
+        f.seek(started)
+        loaded = [tuple(int(v) for v in line.split()) for line in f]
+    _print(pid=os.getpid(), batches=batches.batches, loads=loaded,
+           iter=runner.iter)
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv.pop(0)
-    {'die': die, 'resume': resume, 'tile': tile}[command](*argv)
+    {'die': die, 'resume': resume, 'tile': tile,
+     'plain': plain}[command](*argv)
 
 
 if __name__ == '__main__':

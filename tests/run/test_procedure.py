@@ -59,6 +59,23 @@ class _Drop(object):
     found = ['culprit']
 
 
+class _Journal(object):
+    """Notes each trigger and what became of its step."""
+
+    def __init__(self, calls):
+        self.calls = calls
+        self.triggers = []
+
+    def triggered(self, event, policy, answer, act, **rewind):
+        self.calls.append(('journal', 'triggered'))
+        self.triggers.append(dict(iter=event.iter, policy=policy, act=act,
+                                  bundle=answer.bundle if answer else None,
+                                  **rewind))
+
+    def quarantined(self, samples):
+        self.calls.append(('journal', 'quarantined'))
+
+
 class _Run(object):
     """What the procedure reads of a run."""
 
@@ -77,6 +94,7 @@ class _Run(object):
         self.quarantine = _Recorder(self.calls, 'quarantine')
         self.dropper = _Recorder(self.calls, 'dropper',
                                  dict(prepare=lambda *args: _Drop()))
+        self.journal = _Journal(self.calls)
 
     def event_record(self, event):
         return dict(iter=event.iter, loss=float('nan'))
@@ -154,7 +172,10 @@ def test_a_drop_is_prepared_recomputed_and_its_samples_quarantined():
     run, step, _, error = _trigger('drop', _data_report())
     assert error is None and step.acts == ['recompute']
     assert ('dropper', 'prepare') in run.calls
-    assert run.calls[-1] == ('quarantine', 'record')
+    # Quarantined once the step is applied, then journaled with its act.
+    assert run.calls[-3:] == [('quarantine', 'record'),
+                              ('journal', 'triggered'),
+                              ('journal', 'quarantined')]
     assert isinstance(run.step.dropped, _Drop)
 
 
@@ -167,3 +188,22 @@ def test_a_drop_with_nothing_prepared_is_a_skip():
     assert step.acts == ['leave_out']
     assert ('quarantine', 'record') not in run.calls
     assert run.step.dropped is None
+
+
+@pytest.mark.parametrize('policy,report,act', [
+    ('skip', _data_report(), 'skip'), ('warn', _data_report(), 'apply'),
+    ('drop', _data_report(), 'drop'), ('raise', _data_report(), 'raise'),
+    ('drop', Report(kind=Kind.PARAMS), 'skip')])
+def test_the_journal_says_what_became_of_the_step(policy, report, act):
+    """Once the step's fate is carried out (a raise too), the journal is
+    told the act: a drop that fell back to a skip is a skip."""
+    run = _Run(policy)
+    if report.kind == Kind.PARAMS:
+        run.dropper = _Recorder(run.calls, 'dropper')  # prepares None
+    procedure = TriggerProcedure(run, _Diagnostician(report))
+    try:
+        procedure.update_step(EVENT, _UpdateStep())
+    except NonFiniteError:
+        assert act == 'raise'
+    assert run.journal.triggers == [dict(iter=7, policy=policy, act=act,
+                                         bundle='/dumps/iter_7')]

@@ -10,8 +10,13 @@ import pytest
 import torch
 
 from mmnanhook import NanDetectHook, NanDetectOptimWrapper
+from mmnanhook._batch import (UnknownBatchError, leave_out_refused,
+                              split_batch)
 from mmnanhook.quarantine import QuarantineError
 from mmnanhook.memory import restore_rng
+from mmnanhook.records import Kind, Report, SampleFinding
+from mmnanhook.recovery import samples_to_drop
+from mmnan_testing.plain import PlainDataset, plain_runner, two_targets
 from mmnan_testing.toy import (Probe, ToyBNModel, ToyDataset, ToyModel,
                                    TwoOptimizerModel, assert_same, log_text,
                                    make_runner, two_optimizers)
@@ -261,3 +266,76 @@ def test_the_fixes_advise_drop_only_where_it_drops(tmp_path):
     assert "`NanDetectHook(policy='drop')` does it" not in text
     assert "`NanDetectHook(policy='drop')` would only skip the step here " \
         '(an OptimWrapperDict steps several optimizers)' in text
+
+
+def _yolov5_batch(places):
+    """A batch as mmyolo's ``yolov5_collate`` makes it: 3 stacked images,
+    ``data_samples`` one dict whose ``bboxes_labels`` rows are ``[place,
+    label, x1, y1, x2, y2]`` (the label is the row's number here)."""
+    rows = torch.tensor([[float(p), float(k), 0., 0., 4., 4.]
+                         for k, p in enumerate(places)])
+    return {'inputs': torch.arange(3.).view(3, 1, 1, 1).expand(3, 3, 2, 2),
+            'data_samples': {'bboxes_labels': rows,
+                             'masks': torch.arange(float(len(places)))}}
+
+
+@pytest.mark.parametrize('places', [
+    # Five boxes: sample 0 has two, 1 one, 2 two.
+    [0, 0, 1, 2, 2],
+    # As many boxes as samples (3), out of order: a row's place, not its
+    # position, says whose it is.
+    [2, 0, 1]])
+def test_yolov5_collate_rows_go_with_their_sample(places):
+    """Issue 63: a sample left out of mmyolo's batch kept its box rows, so
+    the replay without it raised in the head's loss (``IndexError: index 1
+    is out of bounds for dimension 0 with size 1``)."""
+    batch = _yolov5_batch(places)
+    sub = split_batch(batch, [0, 2])
+    assert torch.equal(sub['inputs'][:, 0, 0, 0], torch.tensor([0., 2.]))
+    rows = sub['data_samples']['bboxes_labels']
+    kept = [k for k, p in enumerate(places) if p != 1]
+    # The rows of samples 0 and 2, sample 2 now at place 1.
+    assert rows[:, 1].tolist() == [float(k) for k in kept]
+    assert rows[:, 0].tolist() == [
+        0. if places[k] == 0 else 1. for k in kept]
+    assert sub['data_samples']['masks'].tolist() == [float(k) for k in kept]
+    alone = split_batch(batch, [1])['data_samples']['bboxes_labels']
+    assert alone.tolist() == [[0., float(places.index(1)), 0., 0., 4., 4.]]
+    assert leave_out_refused(batch) is None
+
+
+def test_a_layout_that_is_not_known_is_never_guessed_at():
+    unknown = {'inputs': torch.zeros(2, 4), 'targets': torch.ones(4)}
+    why = leave_out_refused(unknown)
+    assert why == "the batch['targets'] is a tensor of 4 rows in a batch of 2"
+    with pytest.raises(UnknownBatchError, match='4 rows in a batch of 2'):
+        split_batch(unknown, [0])
+    assert leave_out_refused([torch.zeros(2, 4), torch.ones(2)]) == \
+        'the batch is a list, not a dict'
+    bad_rows = _yolov5_batch([0, 1, 2])
+    bad_rows['data_samples']['masks'] = torch.zeros(2)
+    assert 'not one row per box' in leave_out_refused(bad_rows)
+    report = Report(kind=Kind.DATA, samples=[SampleFinding(1)])
+    assert samples_to_drop(report, 2) == ([1], None)
+    indices, reason = samples_to_drop(report, 2, refused=why)
+    assert indices is None and 'cannot be left out of the batch' in reason
+
+
+def test_drop_declines_a_batch_it_does_not_know_and_skips(tmp_path):
+    """A collate of the user's whose layout is not known, a NaN input in
+    iteration 1 under ``'drop'``: the drop is declined in one log line and
+    the step left out as ``'skip'`` would; the run completes. Before, the
+    batch was split anyway (its ``targets`` shared whole) and the step
+    taken again raised in the model: the run died."""
+    runner = plain_runner(tmp_path, PlainDataset(8, nan=[3]),
+                          dict(policy='drop'), max_iters=4,
+                          collate=two_targets)
+    runner.train()
+    assert runner.iter == 4
+    assert _scalar(runner, 'train/nan_skipped') == 1
+    assert _scalar(runner, 'train/samples_dropped') is None
+    text = log_text(runner)
+    assert text.count("policy 'drop': sample(s) 1 cannot be left out of the "
+                      'batch: its layout is not one mmnanhook knows '
+                      "(the batch['targets'] is a tensor of 4 rows in a "
+                      'batch of 2): the step is skipped') == 1, text[-3000:]

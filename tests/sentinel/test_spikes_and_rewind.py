@@ -15,6 +15,7 @@ import torch
 from mmengine.hooks import Hook
 
 from mmnanhook import NanDetectHook, compat
+from mmnanhook.records import JOURNAL_FILE, Incident
 from mmnanhook.sentinel import SeriesBand, SpikeDetector
 from mmnan_testing.cli import run_report
 from mmnan_testing.toy import (Probe, assert_same, assert_state_same,
@@ -128,6 +129,12 @@ def test_spikes_off(tmp_path):
     assert _scalar(runner, 'train/spikes') is None
 
 
+def _journal(work_dir):
+    """The incidents of the run's journal in ``work_dir``."""
+    with open(osp.join(str(work_dir), JOURNAL_FILE)) as f:
+        return [Incident.from_line(line) for line in f]
+
+
 def _rewind_hook(**kwargs):
     options = dict(type='NanDetectHook', policy='rewind',
                    spike_policy='rewind', snapshot_interval=4, cooldown=3,
@@ -168,6 +175,18 @@ def test_rewind_restores_the_snapshot_bitwise_and_lowers_the_lr(tmp_path):
     assert records[12]['lr'] == pytest.approx(0.01 * 0.1)
     assert records[15]['lr'] == pytest.approx(0.01)
     assert 'loss' in records[10]['spike']
+    # The work dir's journal (issue 68): each spike, what became of its
+    # step, the rewind from where to where and at which LR.
+    journal = _journal(tmp_path)
+    assert [(i.kind.value, i.iter, i.act) for i in journal
+            if i.kind == 'trigger' or i.series == 'loss'] == [
+        ('spike', 10, None), ('trigger', 10, 'skip'), ('spike', 11, None),
+        ('trigger', 11, 'rewind')]
+    rewind = journal[-2]
+    assert (rewind.trigger, rewind.rewind_to, rewind.lr_factor) == (
+        'spike', 7, pytest.approx(0.1))
+    assert rewind.lr == pytest.approx(0.01 * 0.1)
+    assert (journal[-1].kind, journal[-1].reason) == ('end', 'finished')
 
 
 def test_rewind_of_a_single_bad_batch_is_a_skip(tmp_path):
@@ -189,6 +208,12 @@ def test_max_rewinds_raises(tmp_path):
     error = train_error(runner)
     assert error.trigger == 'spike'
     assert 'max_rewinds=2' in str(error)
+    # The journal ends with the trigger that stopped the run, and how.
+    trigger, end = _journal(tmp_path)[-2:]
+    assert (trigger.kind, trigger.act, trigger.iter) == ('trigger', 'raise',
+                                                         error.iter)
+    assert (end.kind, end.iter) == ('end', error.iter)
+    assert end.reason.startswith('NonFiniteError: ')
 
 
 def test_rewind_needs_the_hook():

@@ -9,6 +9,7 @@ and mmdet's RetinaNet R50 with an image whose annotation declares twice its
 width. A hang fails the test (each run
 is bounded); every diagnosis must leave the run as it found it (the
 before/after picture of :mod:`mmnan_testing.runstate`)."""
+import json
 import os
 import os.path as osp
 import re
@@ -36,6 +37,20 @@ def _run(name, tmp_path):
     return results, results[0]['bundles']
 
 
+def _story(work_dir, capsys):
+    """``mmnan inspect --json WORK_DIR`` of the run, read back, and the
+    plain ``mmnan inspect WORK_DIR``'s text (issue 68)."""
+    from mmnanhook.cli import main
+    from mmnanhook.cli._story import Story
+    assert main(['inspect', '--json', work_dir]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert Story.from_dict(data).to_dict() == data
+    assert main(['inspect', work_dir]) == 0
+    out, err = capsys.readouterr()
+    assert err == '', err
+    return Story.from_dict(data), out
+
+
 def _nothing_changed(results, diagnoses):
     """Every diagnosis left the run as it found it: the picture of
     :mod:`mmnan_testing.runstate` (weights, buffers, grads, optimizer, RNG,
@@ -55,7 +70,7 @@ def _nothing_changed(results, diagnoses):
 
 @pytest.mark.parametrize('policy', [
     pytest.param('skip', marks=pytest.mark.zoo_full), 'drop'])
-def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
+def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy, capsys):
     """RTMDet-tiny as shipped but its SyncBN (a CPU stand-in, every norm
     layer), DDP's default ``broadcast_buffers=True``, 2 epochs; the nodata
     tiles in rank 1's batches of the first iteration (nothing recorded yet)
@@ -104,6 +119,30 @@ def test_rtmdet_syncbn_one_rank_nodata_tile(tmp_path, policy):
         seen = [i for i, files in enumerate(results[1]['files'])
                 if tile in files]
         assert seen == [first]
+    # The story of the run (rank 0's journal, with rank 1's findings and
+    # bundles): both triggers, rank 1's tile named, what became of each
+    # step, the tiles quarantined, the run finished.
+    story, text = _story(osp.join(str(tmp_path), 'work'), capsys)
+    (run, ) = story.runs
+    assert (run.world_size, run.policy, run.ended) == (2, policy, 'finished')
+    triggers = [e for e in run.entries if e.incident.kind == 'trigger']
+    assert [(e.incident.iter, e.incident.act, e.incident.samples)
+            for e in triggers] == [(0, policy, [tiles[0]]),
+                                   (1, policy, [tiles[1]])]
+    for entry in triggers:
+        assert entry.incident.cause.startswith(
+            'rank 1: sample 0 (%s)' % tiles[entry.incident.iter])
+        assert [b['path'] for b in bundles
+                if b['iter'] == entry.incident.iter] == [
+            osp.join(p, 'report.json') for p in entry.bundles]
+    assert sorted((q.file, q.rank, q.run) for q in story.quarantine) == [
+        (tiles[0], 1, run.run), (tiles[1], 1, run.run)]
+    act = dict(drop='the step taken again without the named samples',
+               skip='the step skipped')[policy]
+    for it, tile in enumerate(tiles):
+        assert re.search(r'^  iter %d +\w+ trigger -> %s: rank 1: sample 0 '
+                         r'\(%s\)' % (it, act, re.escape(tile)), text,
+                         re.M), text
 
 
 @pytest.mark.zoo_full
@@ -301,7 +340,7 @@ def test_yolox_drop_with_find_unused_parameters(tmp_path):
 
 
 @pytest.mark.everyday_leg('dota')
-def test_retinanet_drop_under_ddp(tmp_path):
+def test_retinanet_drop_under_ddp(tmp_path, capsys):
     """RetinaNet R50 as shipped (shuffling sampler, aspect-ratio batches),
     2 epochs, 'drop': the bad image is on rank 1 in epoch 1, and the
     sampler gives it to rank 0 in epoch 2. In make test on the DOTA leg;
@@ -329,3 +368,19 @@ def test_retinanet_drop_under_ddp(tmp_path):
         f for f in os.listdir(osp.join(str(tmp_path), 'work'))
         if f.startswith('nan_quarantine')] == ['nan_quarantine.json']
     assert len(bundles) == 1 and bundles[0]['files'] == [bad]
+    # The story of the run (issue 68): rank 0's journal names the image
+    # rank 1 dropped and the bundle rank 1 wrote (outside the work dir).
+    story, text = _story(osp.join(str(tmp_path), 'work'), capsys)
+    (run, ) = story.runs
+    assert (run.world_size, run.policy, run.ended) == (2, 'drop',
+                                                       'finished')
+    (trigger, ) = [e for e in run.entries if e.incident.kind == 'trigger']
+    assert (trigger.incident.iter, trigger.incident.act,
+            trigger.incident.samples) == (results[1]['drops'][0], 'drop',
+                                          [bad])
+    assert [osp.join(p, 'report.json') for p in trigger.bundles] == [
+        bundles[0]['path']]
+    (listed, ) = story.quarantine
+    assert (listed.file, listed.rank, listed.source, listed.run) == (
+        bad, 1, 'drop', run.run)
+    assert 'quarantined %s (drop, rank 1)' % bad in text
