@@ -6,9 +6,9 @@ export OMP_NUM_THREADS ?= 1
 # The slowest tests of each leg at the end of its log: where the time goes.
 PYTEST_ARGS ?= -ra --durations=15
 
-.PHONY: setup setup-modern setup-dota setup-browser device-wheels device-check test test-modern test-dota test-zoo test-zoo-modern test-zoo-dota test-all test-mmengine test-wheel lint demo demo-dota
+.PHONY: setup setup-modern setup-dota setup-codebases setup-browser device-wheels device-check test test-modern test-dota test-codebases test-zoo test-zoo-modern test-zoo-dota test-zoo-codebases test-all test-mmengine test-wheel lint demo demo-dota
 
-## setup: both legs and the browser, at the same time.
+## setup: the three legs and the browser, at the same time.
 setup:
 	scripts/setup_all.sh
 
@@ -17,6 +17,10 @@ setup-modern:
 
 setup-dota:
 	scripts/setup_leg.sh dota
+
+## setup-codebases: the third leg (mmpretrain, mmpose, mmagic; scripts/leg.sh).
+setup-codebases:
+	scripts/setup_leg.sh codebases
 
 ## setup-browser: headless Chromium for the report.html tests (skip without).
 setup-browser:
@@ -34,7 +38,7 @@ ZOO := -m zoo_full
 export EVERYDAY_BOUND := 1800
 export ZOO_BOUND := 3600
 
-## test: the everyday tier, both legs at once (sets them up first); each
+## test: the everyday tier, every leg, two at a time (sets them up first); each
 ## leg's log in test-logs/, printed whole at the end.
 test: setup lint
 	MMNANHOOK_LEG_TIMEOUT=$(EVERYDAY_BOUND) scripts/test_all.sh $(EVERYDAY) $(PYTEST_ARGS)
@@ -45,7 +49,10 @@ test-modern: setup-modern setup-browser
 test-dota: setup-dota
 	scripts/test_leg.sh dota $(EVERYDAY) $(PYTEST_ARGS)
 
-## test-zoo: the full zoo tier, both legs at once; logs in test-logs/zoo/.
+test-codebases: setup-codebases
+	scripts/test_leg.sh codebases $(EVERYDAY) $(PYTEST_ARGS)
+
+## test-zoo: the full zoo tier, every leg, two at a time; logs in test-logs/zoo/.
 test-zoo: setup
 	MMNANHOOK_TEST_LOGS=test-logs/zoo MMNANHOOK_LEG_TIMEOUT=$(ZOO_BOUND) scripts/test_all.sh $(ZOO) $(PYTEST_ARGS)
 
@@ -54,6 +61,9 @@ test-zoo-modern: setup-modern
 
 test-zoo-dota: setup-dota
 	scripts/test_leg.sh dota $(ZOO) $(PYTEST_ARGS)
+
+test-zoo-codebases: setup-codebases
+	scripts/test_leg.sh codebases $(ZOO) $(PYTEST_ARGS)
 
 ## test-all: make test, make test-zoo, make test-mmengine and make test-wheel,
 ## each timed (scripts/test_tiers.sh); what .ci/run runs.

@@ -229,13 +229,35 @@ def replace_samples(data_batch: Any,
     return batch
 
 
+# The metainfo (and data info) keys that name a sample's file, the first
+# found: its image; else, for a sample without an input image, its target
+# image (mmagic's unconditional GANs train on real images alone, loaded
+# under the key 'gt': ``gt_img`` from ``gt_path``).
+FILE_KEYS = ('img_path', 'gt_path')
+
+
+def file_of(item: Any) -> Optional[Any]:
+    """The file that names a sample (:data:`FILE_KEYS`), or ``None``.
+
+    Args:
+        item: A data info or metainfo (a mapping), or a data sample (an
+            mmengine ``BaseDataElement``: each metainfo key is an attribute,
+            read without a copy of its metainfo dict).
+    """
+    for key in FILE_KEYS:
+        value = item.get(key) if isinstance(item, Mapping) else \
+            getattr(item, key, None)
+        if value is not None:
+            return value
+    return None
+
+
 def sample_files(data_batch: Any) -> Optional[List[Optional[str]]]:
-    """``img_path`` of each sample of an mmengine batch (``None`` where its
-    metainfo has none); ``None`` for a batch without data samples."""
+    """The file of each sample of an mmengine batch (:func:`file_of`;
+    ``None`` where its metainfo names none); ``None`` for a batch without
+    data samples."""
     samples = data_batch.get('data_samples') if isinstance(
         data_batch, Mapping) else None
     if not isinstance(samples, (list, tuple)):
         return None
-    # An attribute of the sample (BaseDataElement keeps each metainfo key
-    # as one): no copy of its metainfo dict per sample.
-    return [getattr(s, 'img_path', None) for s in samples]
+    return [file_of(s) for s in samples]

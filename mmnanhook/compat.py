@@ -1,6 +1,6 @@
 """Every torch / mmengine version shim of mmnanhook lives here.
 
-mmnanhook supports Python 3.7+ and torch 1.7 through 2.13; code elsewhere
+mmnanhook supports Python 3.7+ and torch 1.7 through 2.14; code elsewhere
 calls these helpers instead of testing versions itself.
 
 Over 500 lines because it is one concern by rule: every version shim in one

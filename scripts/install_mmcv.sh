@@ -41,13 +41,31 @@ if ! ls "$cache"/mmcv-"$mmcv"-*.whl >/dev/null 2>&1; then
     # instead of downgrading the venv's.
     "$py" -m pip install -q --disable-pip-version-check --no-warn-conflicts \
         --target "$tmp/setuptools" 'setuptools<70' wheel ninja
+    build=(env PYTHONPATH="$tmp/setuptools" PATH="$tmp/setuptools/bin:$PATH"
+           "$py" -m pip --disable-pip-version-check)
+    # The sdist, unpacked: built from its directory, so that its C++
+    # standard can follow torch's. mmcv asks for C++17; torch >= 2.14's
+    # headers stop on anything below C++20 ("#error C++20 or later
+    # compatible compiler is required to use ATen"), and mmcv's sources
+    # compile as C++20 (the codebases leg's torch 2.14.1, seen here).
+    "${build[@]}" download -q --no-deps --no-binary mmcv --no-build-isolation \
+        -d "$tmp/sdist" "mmcv==$mmcv" >>"$log" 2>&1
+    tar -xzf "$tmp"/sdist/mmcv-"$mmcv".tar.gz -C "$tmp/sdist"
+    src="$tmp/sdist/mmcv-$mmcv"
+    headers=$("$py" -c 'import os, torch; print(os.path.dirname(torch.__file__))')/include/ATen/ATen.h
+    if grep -q '#error C++20' "$headers"; then
+        echo "[mmcv $mmcv] torch's headers require C++20: mmcv built as C++20"
+        sed -i "s/-std=c++1[47]'/-std=c++20'/g" "$src/setup.py"
+    fi
+    # --no-cache-dir: pip's own wheel cache knows the sdist, not the torch
+    # it was built against; it handed the torch 2.14 leg the ops built for
+    # torch 2.13 (seen here).
     # -g0: no debug info. With torch's headers it is ~40% of each object's
     # compile time (measured: 29 s instead of 50 s for a file including
     # torch/extension.h) and nothing reads it; the optimisation (-O3) stays.
-    if ! PYTHONPATH="$tmp/setuptools" PATH="$tmp/setuptools/bin:$PATH" \
-            CFLAGS="${CFLAGS:-} -g0" CXXFLAGS="${CXXFLAGS:-} -g0" \
-            MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=$jobs "$py" -m pip wheel -v --no-deps \
-            --no-build-isolation --no-binary mmcv -w "$tmp" "mmcv==$mmcv" >"$log" 2>&1; then
+    if ! CFLAGS="${CFLAGS:-} -g0" CXXFLAGS="${CXXFLAGS:-} -g0" \
+            MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS=$jobs "${build[@]}" wheel -v --no-deps --no-cache-dir \
+            --no-build-isolation -w "$tmp" "$src" >>"$log" 2>&1; then
         tail -40 "$log"
         echo "[mmcv $mmcv] ERROR: building mmcv $mmcv failed (log above, full log in $log)" >&2
         exit 1

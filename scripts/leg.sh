@@ -1,5 +1,5 @@
 # Sourced by setup_leg.sh and test_leg.sh: what one test leg is.
-#   leg_config modern|dota   sets venv, py_minor, the pins, and requires: the
+#   leg_config modern|dota|codebases   sets venv, py_minor, the pins, and requires: the
 #   test markers (tests/conftest.py) whose packages the leg installs by design,
 #   so that in this leg their import failing is an error, never a skip.
 # MMNANHOOK_REQUIRE_ALL_LEGS=1 (.ci/run sets it): a leg whose Python is
@@ -47,7 +47,47 @@ leg_config() {
         test_pins=(pytest pytest-timeout==2.4.0 tensorboard==2.14.0)
         requires=mmdet,mmrotate,mmyolo
         ;;
-    *) echo "unknown leg $1 (modern|dota)" >&2; return 2 ;;
+    codebases)
+        # The third leg: the OpenMMLab codebases whose trainers are not
+        # detectors (mmpretrain, mmpose, mmagic; issue 66). They import
+        # torchvision, and no torchvision on the registry loads beside the
+        # CPU torch 2.13 of the modern leg (every wheel links
+        # libtorch_cuda.so; PyPI has no torchvision source since 0.1.6, so
+        # a build as mmcv's is impossible offline). The pair that lies on
+        # this machine's disk, torch 2.14.1 + torchvision 0.29.1 (a CUDA
+        # build), loads and runs on the CPU: docs/compatibility.md.
+        venv=.venv-codebases
+        py_minor=3.11
+        torch_pin=torch==2.14.1
+        mmengine_pin=mmengine==0.10.7
+        mmcv_version=2.1.0                # mmpose 1.3.2 asks mmcv < 2.2, as mmdet 3.3
+        # numpy 1.26: mmagic 1.2.0 uses np.bool8, which numpy 2 removed; the
+        # newest opencv-python and pandas that take it. imageio, pandas,
+        # resize-right, lpips: what `import mmagic.models` imports of
+        # mmagic's requirements. mmagic's diffusers/transformers: the
+        # newest that still import on its code (docs/compatibility.md).
+        # scikit-image, scikit-learn: albumentations' (below).
+        extra_pins=(torchvision==0.29.1 numpy==1.26.4 xtcocotools==1.14.3 json-tricks==3.17.3
+                    munkres==3.0.0 einops==0.8.2 mat4py==0.6.0 model-index==0.1.11 rich==15.0.0
+                    matplotlib==3.11.2 scipy==1.17.1 diffusers==0.24.0 huggingface-hub==0.19.4
+                    transformers==4.36.2 tokenizers==0.15.2 mmdet==3.3.0
+                    opencv-python==4.11.0.86 imageio==2.38.2 pandas==2.2.3 resize-right==0.0.2
+                    lpips==0.1.4 scikit-image==0.26.0 scikit-learn==1.9.1 PyYAML==6.0.4)
+        # Their own requirements list what training does not import and
+        # will not build here (mmpose's chumpy; mmagic's mediapipe, av,
+        # face-alignment, ...): the packages alone. RTMPose's Albumentation
+        # step and mmagic.datasets.transforms import albumentations (not
+        # among mmagic's requirements): 1.3.1 and its qudida without their
+        # opencv-python-headless (a second cv2), as in the DOTA leg.
+        nodeps_pins=(mmpretrain==1.2.0 mmpose==1.3.2 mmagic==1.2.0
+                     albumentations==1.3.1 qudida==0.0.4)
+        test_pins=(pytest pytest-timeout==2.4.0 setuptools==80.10.2)
+        requires=mmpretrain,mmpose,mmagic
+        # Only the tests of its packages (tests/conftest.py): the rest of
+        # the suite is the other legs'.
+        only=$requires
+        ;;
+    *) echo "unknown leg $1 (modern|dota|codebases)" >&2; return 2 ;;
     esac
 }
 

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# `make setup`: both legs and the browser at the same time.  A leg's pip
-# installs wait on the network while the other compiles mmcv, so together
-# they take little more than the two compiles.  Every line says whose it is
-# ([setup modern], [mmcv 2.1.0], [setup dota], [mmcv 2.0.1], [setup browser]);
+# `make setup`: the three legs and the browser at the same time.  A leg's pip
+# installs wait on the network while another compiles mmcv, so together
+# they take little more than the compiles.  Every line says whose it is
+# ([setup modern], [mmcv 2.1.0], [setup dota], [mmcv 2.0.1], [setup codebases],
+# [setup browser]);
 # the first part to fail fails the setup, after all have ended.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-parts=("scripts/setup_leg.sh modern" "scripts/setup_leg.sh dota" "scripts/setup_browser.sh")
+parts=("scripts/setup_leg.sh modern" "scripts/setup_leg.sh dota" "scripts/setup_leg.sh codebases"
+       "scripts/setup_browser.sh")
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; exit 130' INT TERM HUP
 for part in "${parts[@]}"; do

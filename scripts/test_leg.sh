@@ -18,4 +18,5 @@ echo "[test $leg] $("$venv/bin/python" -c 'import sys, torch; print("python", sy
 export MMNANHOOK_LEG_REQUIRES=$requires
 # Tests marked everyday_leg(...) are in this leg's make test only where named.
 export MMNANHOOK_LEG=$leg
+export MMNANHOOK_LEG_ONLY=${only:-}
 exec "$venv/bin/python" -m pytest "$@"

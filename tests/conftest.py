@@ -28,16 +28,19 @@ _SKIP_REASONS = {
     'dependencies are not pinned for the torch 1.7 twin of the Docker image',
     'mmyolo': 'mmyolo 0.6.0 asserts mmcv < 2.1.0: it is installed in the DOTA leg '
     '(mmcv 2.0.1, mmdet 3.1.0) only',
-    'mmpretrain': 'mmpretrain 1.2.0 needs torchvision >= 0.9 (InterpolationMode): '
-    'the DOTA leg has 0.8.2, the newest for torch 1.7.1, and PyPI\'s torchvision '
-    'for torch 2.13 does not load beside the CPU build of the modern leg '
-    '("operator torchvision::nms does not exist")',
+    # The codebases leg's own: each imports a torchvision that loads, which
+    # neither other leg has (scripts/leg.sh says why).
+    'mmpretrain': 'mmpretrain 1.2.0 runs in the codebases leg (.venv-codebases) only',
+    'mmpose': 'mmpose 1.3.2 runs in the codebases leg (.venv-codebases) only',
+    'mmagic': 'mmagic 1.2.0 runs in the codebases leg (.venv-codebases) only',
 }
 
 
-# What must import for a marker's tests to run (mmpretrain imports, but its
-# datasets need a newer torchvision; mmyolo's registration, prettytable).
-_MODULES = {'mmpretrain': 'mmpretrain.datasets', 'mmyolo': 'mmyolo.utils'}
+# What must import for a marker's tests to run (mmpretrain's datasets import
+# torchvision; mmyolo's registration, prettytable; mmpose's datasets,
+# xtcocotools; mmagic's models, diffusers and transformers).
+_MODULES = {'mmpretrain': 'mmpretrain.datasets', 'mmyolo': 'mmyolo.utils',
+            'mmpose': 'mmpose.datasets', 'mmagic': 'mmagic.models'}
 
 
 def _import_error(name):
@@ -58,6 +61,23 @@ def _required():
     """
     names = os.environ.get('MMNANHOOK_LEG_REQUIRES', '')
     return [n for n in names.split(',') if n]
+
+
+def _leg_share(config, items):
+    """In a leg that says its share (``MMNANHOOK_LEG_ONLY``: markers), only
+    the tests marked with one of them: the codebases leg proves its
+    packages; mmnanhook's own code is the other legs' to test."""
+    only = [n for n in os.environ.get('MMNANHOOK_LEG_ONLY', '').split(',')
+            if n]
+    if not only:
+        return
+    kept, left = [], []
+    for item in items:
+        (kept if any(item.get_closest_marker(n) for n in only)
+         else left).append(item)
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
 
 
 def _tiers(items):
@@ -84,6 +104,7 @@ def _no_dataloader_workers_left():
 # First: the markers added here must be in place before ``-m`` deselects.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    _leg_share(config, items)
     _tiers(items)
     errors = {name: _import_error(name) for name in _SKIP_REASONS}
     broken = [name for name in _required()

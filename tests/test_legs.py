@@ -14,18 +14,20 @@ import sys
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
-def _collect(requires):
-    env = dict(os.environ, MMNANHOOK_LEG_REQUIRES=requires)
+def _collect(requires, only='', paths=('test_compat.py', )):
+    env = dict(os.environ, MMNANHOOK_LEG_REQUIRES=requires,
+               MMNANHOOK_LEG_ONLY=only)
     return subprocess.run(
         [sys.executable, '-m', 'pytest', '--collect-only', '-q',
-         '-p', 'no:cacheprovider', osp.join('tests', 'test_compat.py')],
+         '-p', 'no:cacheprovider'] + [osp.join('tests', p) for p in paths],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         universal_newlines=True, timeout=600)
 
 
 def test_a_required_package_that_does_not_import_fails_the_run():
-    # No leg can import mmpretrain's datasets (see tests/conftest.py); this
-    # leg's own requirements pass (the suite itself runs with them).
+    # mmpretrain is the codebases leg's (see tests/conftest.py), not this
+    # leg's; this leg's own requirements pass (the suite itself runs with
+    # them).
     result = _collect('mmpretrain,no_such_marker')
     assert result.returncode == 4, result.stdout[-3000:]
     assert 'this leg installs mmpretrain, no_such_marker by design, but it ' \
@@ -56,3 +58,17 @@ def test_a_missing_leg_is_loud_and_fatal_where_every_leg_is_required():
     assert 'MMNANHOOK_REQUIRE_ALL_LEGS=1 requires every leg' in ci.stderr
     with open(osp.join(ROOT, '.ci', 'run')) as f:
         assert 'export MMNANHOOK_REQUIRE_ALL_LEGS=1' in f.read()
+
+
+def test_a_leg_that_says_its_share_collects_its_packages_tests_alone():
+    # The codebases leg (MMNANHOOK_LEG_ONLY, scripts/leg.sh): mmpretrain's
+    # zoo tests, none of mmnanhook's own (another leg's to run).
+    pretrain = osp.join('zoo', 'test_zoo_pretrain.py')
+    result = _collect('', 'mmpretrain,mmpose', ('test_compat.py', pretrain))
+    assert result.returncode == 0, result.stdout[-3000:]
+    ids = [line for line in result.stdout.splitlines() if '::' in line]
+    assert ids and all(i.startswith('tests/' + pretrain) for i in ids), ids
+    compat = _collect('', '', ('test_compat.py', ))
+    assert 'tests/test_compat.py::' in compat.stdout
+    assert '%d deselected' % compat.stdout.count('tests/test_compat.py::') \
+        in result.stdout

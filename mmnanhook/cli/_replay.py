@@ -9,12 +9,15 @@ from typing import Any, Tuple
 
 import torch
 
+from .._mmengine import members
 from ..bundle import (AMP_DTYPES, CONFIG_FILE, DATA_BATCH, MODEL, OPTIMIZER,
                       RNG, TORCH_SUFFIX, load_bundle, state_dict_mismatch)
-from ..diagnosis import (angle_range_from_config, apply_divergence,
-                         declared_sizes, diagnose, train_pipeline)
+from ..diagnosis import (OwnTrainStep, angle_range_from_config,
+                         apply_divergence, declared_sizes, diagnose,
+                         overrides_train_step, train_pipeline)
 from ..errors import BundleError
 from ..records import Divergence, Report, SampleId
+from ..recovery import drop_unavailable
 from ..report import explain_by_config, finalize
 from ..memory import restore_rng
 
@@ -64,6 +67,28 @@ def _load_inputs(path, device):
             'cannot rebuild the model of {}: {}: {}'.format(
                 path, type(error).__name__, error).split()))
     return bundle, state, cfg, model
+
+
+def _train_step(cfg, model, bundle):
+    """The model's own ``train_step`` (a GAN's), replayed up to the update
+    step the run failed in (the manifest's ``update_step``) with optim
+    wrappers built from the config as the run built them (none steps), and
+    why ``policy='drop'`` only skips with them (the fixes say it as the
+    run did); ``(None, None)`` for a model that trains with
+    ``BaseModel.train_step``."""
+    if not overrides_train_step(model):
+        return None, None
+    from mmengine.optim import build_optim_wrapper
+    try:
+        optim_wrapper = build_optim_wrapper(model, cfg.optim_wrapper)
+    except Exception as error:  # noqa: BLE001 - a bundle it cannot replay
+        raise BundleError(' '.join(
+            'cannot build the optim wrapper of {} ({}.train_step, which the '
+            'replay runs, takes it): {}: {}'.format(
+                bundle.path, type(model).__name__, type(error).__name__,
+                error).split()))
+    return (OwnTrainStep(optim_wrapper, bundle.manifest.get('update_step')),
+            drop_unavailable(len(members(optim_wrapper))))
 
 
 def _sources(bundle):
@@ -120,6 +145,7 @@ def replay_bundle(path: str, device: str = 'cpu',
             cannot be rebuilt from the bundle's config.
     """
     bundle, state, cfg, model = _load_inputs(path, device)
+    train_step, drop_refused = _train_step(cfg, model, bundle)
     amp_dtype = None if fp32 else AMP_DTYPES.get(
         bundle.manifest.get('amp_dtype'))
     report = diagnose(
@@ -133,7 +159,8 @@ def replay_bundle(path: str, device: str = 'cpu',
         declared=declared_sizes(bundle.manifest.get('annotations')),
         pipeline=train_pipeline(cfg), sources=_sources(bundle),
         retry=bundle.manifest.get('trigger') != 'spike',
-        identities=_identities(bundle))
+        identities=_identities(bundle), train_step=train_step,
+        drop_refused=drop_refused)
     # What the run knew of a divergence before the trigger, again.
     if apply_divergence(report,
                         Divergence.from_dict(bundle.manifest.get('divergence')),

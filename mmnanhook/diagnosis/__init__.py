@@ -19,6 +19,8 @@
   (the bundle); :mod:`._incident`: the two steps' work.
 * :mod:`._micro`: which micro-step of an accumulated step made a gradient
   fault.
+* :mod:`._own_step`: a model with its own ``train_step`` (a GAN's two
+  optim wrappers) replayed through it, up to the update step that failed.
 * :mod:`._local`: under DDP, replays on one rank alone (SyncBN made local).
 * :mod:`._composed`: a composed (Mosaic) sample's input traced to its part.
 """
@@ -32,6 +34,7 @@ from ._in_run import Diagnostician, DiagnosisRequest
 from ._incident import default_dump_dir
 from ._local import communicating_modules, local_replays
 from ._micro import locate_micro_step
+from ._own_step import OwnTrainStep, overrides_train_step, own_train_step
 from ._pipeline import TrainPipeline, filter_advice, train_pipeline
 from ._state import preserved_run
 from ._state_scan import largest_param
@@ -43,7 +46,8 @@ __all__ = [
     'evidence_before', 'filter_advice',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'Diagnostician',
     'DiagnosisRequest',
-    'largest_param', 'local_replays', 'locate_micro_step', 'preserved_run',
+    'largest_param', 'local_replays', 'locate_micro_step', 'OwnTrainStep',
+    'overrides_train_step', 'own_train_step', 'preserved_run',
     'split_batch',
     'TrainPipeline', 'train_pipeline'
 ]

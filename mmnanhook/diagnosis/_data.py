@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from .._batch import batch_size, split_batch  # noqa: F401 - re-exported
+from .._batch import file_of
 from .._boxes import as_box_tensor, rbox_corners
 from .._format import format_value
 from .._inputs import per_sample
@@ -103,6 +104,9 @@ def sample_img_path(sample: Any) -> Optional[str]:
     """
     meta = _metainfo(sample)
     path = meta.get('img_path', meta.get('filename'))
+    if path is None:
+        # A sample without an input image: its target's (mmagic's GANs).
+        path = file_of(meta)
     return None if path is None else str(path)
 
 
@@ -230,16 +234,83 @@ def check_boxes(boxes: Any, image_hw: Optional[Tuple[float, float]] = None,
     return problems
 
 
-def _nonfinite_problem(tensor, what):
+def _nonfinite_problem(tensor, what,
+                       category=ProblemCategory.NONFINITE_INPUT):
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         return None
     counts = count_nonfinite(tensor)
     nan, inf = counts['nan'], counts['inf']
     if not nan and not inf:
         return None
-    return DataProblem(ProblemCategory.NONFINITE_INPUT,
+    return DataProblem(category,
                        '{} has {} NaN and {} Inf values'.format(what, nan,
                                                                 inf))
+
+
+def _float_tensor(value):
+    """``value`` as a floating-point tensor (a numpy array viewed, not
+    copied where it can be), or ``None``: not a float array."""
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() else None
+    # Duck-typed numpy: mmpose packs gt_instances' keypoints as arrays.
+    if getattr(getattr(value, 'dtype', None), 'kind', None) == 'f' and \
+            hasattr(value, '__array__'):
+        import numpy as np
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return None
+
+
+def _target_file(sample, name):
+    """The file a target image field was loaded from, or ``None``: mmagic
+    packs the image of a pipeline key ``k`` as ``k_img`` and keeps its file
+    as ``k_path`` (``gt_img``, ``gt_path``): the sample's ``img_path`` is
+    its input's, another file."""
+    if not name.endswith('_img'):
+        return None
+    path = _metainfo(sample).get(name[:-len('_img')] + '_path')
+    return None if path is None else str(path)
+
+
+def nonfinite_targets(sample: Any) -> List[DataProblem]:
+    """The ground-truth fields of a data sample that hold NaN/Inf, other
+    than its boxes (:func:`check_boxes` reads those).
+
+    A target is as much the forward's data as the input: mmpose packs a
+    NaN keypoint of an annotation into ``gt_instances.keypoints`` and, its
+    codec's labels, ``gt_instance_labels.keypoint_labels``, where the RLE
+    loss's flow model raises on it (torch's distributions validate their
+    argument) and a SimCC or heatmap loss turns NaN. Every floating field
+    of every ``gt_*`` member is read (``gt_instances``,
+    ``gt_instance_labels``, ``gt_fields``, mmagic's ``gt_img``, ...), so no
+    codebase's names need to be known.
+
+    Args:
+        sample: A data sample (an mmengine ``BaseDataElement``).
+
+    Returns:
+        list[DataProblem]: One per field that is not finite.
+    """
+    keys = getattr(sample, 'keys', None)
+    if not callable(keys):
+        return []
+    problems = []
+    for name in sorted(keys()):
+        if not name.startswith('gt_'):
+            continue
+        field = getattr(sample, name, None)
+        items = getattr(field, 'items', None)
+        for key, value in (items() if callable(items) else [(None, field)]):
+            if name == 'gt_instances' and key == 'bboxes':
+                continue
+            what = name if key is None else '{}.{}'.format(name, key)
+            path = _target_file(sample, name) if key is None else None
+            problem = _nonfinite_problem(
+                _float_tensor(value),
+                what if path is None else '{} ({})'.format(what, path),
+                ProblemCategory.NONFINITE_TARGET)
+            if problem:
+                problems.append(problem)
+    return problems
 
 
 def nonfinite_data(findings: Iterable[SampleFinding]
@@ -417,7 +488,8 @@ def check_batch(data_batch: Any,
                 declared: Optional[Sequence[Optional[Tuple[int, int]]]] = None,
                 identities: Optional[Sequence[Any]] = None
                 ) -> List[SampleFinding]:
-    """Check every sample of a batch for non-finite inputs and bad GT boxes.
+    """Check every sample of a batch for non-finite inputs and targets and
+    bad GT boxes.
 
     Args:
         data_batch (dict): The batch as the dataloader produced it, e.g.
@@ -463,6 +535,7 @@ def check_batch(data_batch: Any,
         if boxes is not None:
             problems.extend(
                 check_boxes(boxes, _image_hw(sample), angle_range, min_size))
+        problems.extend(nonfinite_targets(sample))
         who = identities[i]
         results.append(SampleFinding(
             i, sample_img_path(sample) or (who.file if who else None),

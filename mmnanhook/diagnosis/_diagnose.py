@@ -208,7 +208,8 @@ def diagnose(model: Any, data_batch: Any,
              composed: Optional[Callable[[Any, Any], Any]] = None,
              start_attributes: Optional[Any] = None,
              compiled: Optional[Dict[str, Any]] = None,
-             identities: Optional[Sequence[Any]] = None) -> Any:
+             identities: Optional[Sequence[Any]] = None,
+             train_step: Optional[Any] = None) -> Any:
     """Replay a failing training iteration and explain its NaN/Inf.
 
     Args:
@@ -259,6 +260,10 @@ def diagnose(model: Any, data_batch: Any,
         identities (list[SampleId], optional): Per sample, its dataset
             index and file (:func:`~mmnanhook.quarantine.name_samples`):
             what the findings name and a drop quarantines.
+        train_step (OwnTrainStep, optional): The model's own
+            ``train_step`` (:func:`~._own_step.own_train_step`): every replay
+            runs it up to the update step that failed, instead of what
+            ``BaseModel.train_step`` does.
 
     Returns:
         Report: The diagnosis, its ``kind`` a
@@ -291,7 +296,9 @@ def diagnose(model: Any, data_batch: Any,
     with preserved_rng(), torch.enable_grad(), \
             PreservedModelState(model, start_attributes) as state:
         session = ReplaySession(model, data_batch, restore_rng, state,
-                           replay_dtype)
+                                replay_dtype, train_step)
+        if train_step is not None:
+            report.notes.append(train_step.describe(model))
         log('mmnanhook: replaying the failing iteration with {}module and '
             'autograd-node instrumentation'.format(
                 'anomaly mode, ' if anomaly else ''))

@@ -27,6 +27,7 @@ from ..report import to_visualizer
 from ._incident import conclude, examine
 from ._local import local_replays
 from ._micro import locate_micro_step
+from ._own_step import member_key, own_train_step
 from ._state import preserved_run
 
 
@@ -47,6 +48,9 @@ class DiagnosisRequest(object):
         collectives (list, optional): Under DDP, the collectives the step
             called and what each returned (``ForwardGuard.step_collectives``):
             the replays run on this rank alone, answered from them.
+        wrapper (OptimWrapper, optional): The optim wrapper whose update
+            step triggered (``None``: a forward or backward that raised):
+            a model with its own ``train_step`` is replayed up to it.
     """
 
     event: NonFiniteEvent
@@ -57,6 +61,7 @@ class DiagnosisRequest(object):
     together: bool = False
     divergence: Optional[Divergence] = None
     collectives: Optional[Sequence] = None
+    wrapper: Optional[Any] = None
 
 
 class Diagnostician(object):
@@ -170,13 +175,18 @@ class Diagnostician(object):
         replays = contextlib.nullcontext if request.collectives is None \
             else functools.partial(local_replays, self.communicating,
                                    request.collectives)
+        # A GAN steps two optim wrappers in its own train_step: replayed
+        # through it, up to the one that failed.
+        train_step = own_train_step(model, runner.optim_wrapper, member_key(
+            runner.optim_wrapper, request.wrapper))
         # A replay leaves no trace: what it sets outside tensors (the
         # preprocessor's next input size, a head's last assignment, the
         # MessageHub's runtime info) is put back as the run had it.
         with preserved_run(runner, model):
             with replays():
                 event = locate_micro_step(
-                    event, model, memory.steps() if options.replay else [])
+                    event, model, memory.steps() if options.replay else [],
+                    train_step)
             data_batch, rng_state = memory.get(event.fail_iter)
             if data_batch is None:
                 runner.logger.error(
@@ -187,7 +197,8 @@ class Diagnostician(object):
                 runner, event, data_batch, rng_state, request.history,
                 options, request.divergence, self.start_weight,
                 request.rewind, replays, memory.attributes(event.fail_iter),
-                self.drop_refused, memory.indices(event.fail_iter))
+                self.drop_refused, memory.indices(event.fail_iter),
+                train_step)
         finding = rank_finding(
             event.rank, report if options.replay else None, data_batch,
             event.fail_iter, raises=_raises(event) and not raised_by_nonfinite(

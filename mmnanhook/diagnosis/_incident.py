@@ -117,6 +117,9 @@ class Material(NamedTuple):
     lowered: Optional[dict]
     replays: Callable
     start: float
+    # The key of the optim wrapper member whose update step a model with
+    # its own train_step failed in (the manifest's ``update_step``).
+    update_step: Optional[str] = None
 
 
 def examine(runner: Any, event: Any, data_batch: Any,
@@ -127,7 +130,8 @@ def examine(runner: Any, event: Any, data_batch: Any,
             replays: Callable[[], Any] = contextlib.nullcontext,
             start_attributes: Optional[Any] = None,
             drop_refused: Optional[str] = None,
-            indices: Optional[Sequence[Optional[int]]] = None
+            indices: Optional[Sequence[Optional[int]]] = None,
+            train_step: Optional[Any] = None
             ) -> Tuple[Report, Material]:
     """Replay and diagnose a trigger (no bundle yet).
 
@@ -157,6 +161,9 @@ def examine(runner: Any, event: Any, data_batch: Any,
         indices (list, optional): The dataset index of each sample of the
             batch (the sampler's): what the report names (the file of its
             data info) and a drop quarantines.
+        train_step (OwnTrainStep, optional): The model's own
+            ``train_step``, replayed up to the update step that failed
+            (:func:`~._own_step.own_train_step`).
 
     Returns:
         tuple: The :class:`~mmnanhook.records.Report` and the
@@ -190,7 +197,7 @@ def examine(runner: Any, event: Any, data_batch: Any,
                     composed=functools.partial(
                         trace_parts, dataset=runner.train_dataloader.dataset),
                     compiled=compile_options(runner),
-                    identities=identities)
+                    identities=identities, train_step=train_step)
         except Exception as error:  # noqa: BLE001 - never mask the trigger
             log('mmnanhook: the replay diagnosis failed: {}: {}'.format(
                 type(error).__name__, error), logging.ERROR)
@@ -216,7 +223,9 @@ def examine(runner: Any, event: Any, data_batch: Any,
         report.notes.append(local)
     return report, Material(data_batch, rng_state, start_attributes,
                             optim_state, amp_dtype, infos, found, identities,
-                            divergence, lowered, replays, start)
+                            divergence, lowered, replays, start,
+                            train_step.failing if train_step is not None
+                            else None)
 
 
 def conclude(runner: Any, event: Any, report: Report, material: Material,
@@ -280,6 +289,9 @@ def conclude(runner: Any, event: Any, report: Report, material: Material,
     manifest['samples'] = None if material.identities is None else [
         [s.index, s.file] for s in material.identities]
     manifest['run'] = getattr(runner, 'timestamp', None)
+    # An offline replay of a model with its own train_step stops at the
+    # same optim wrapper's update step.
+    manifest['update_step'] = material.update_step
     plan = StatePlan(True) if states is None else states.plan(
         event, manifest['iter'], report.ranks, report.kind, diagnosers)
     tensors = {DATA_BATCH: material.data_batch, RNG: material.rng_state}

@@ -8,7 +8,7 @@ micro-step's backward alone, from its own RNG state, finds it.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,7 +19,8 @@ from ._state import PreservedModelState, preserved_rng
 
 
 def locate_micro_step(event: Any, model: torch.nn.Module,
-                      steps: Sequence[Tuple[Any, ...]]) -> Any:
+                      steps: Sequence[Tuple[Any, ...]],
+                      train_step: Optional[Any] = None) -> Any:
     """``event`` with the micro-step of a gradient-only trigger of several
     micro-steps found (:meth:`~mmnanhook.records.NonFiniteEvent.
     at_micro_step`); ``event`` itself otherwise.
@@ -31,6 +32,8 @@ def locate_micro_step(event: Any, model: torch.nn.Module,
         steps (list[tuple]): ``(iter, data_batch, rng_state)`` of the
             micro-steps since the last update step, oldest first (none:
             nothing is replayed).
+        train_step (OwnTrainStep, optional): The model's own
+            ``train_step``, replayed up to the failing update step.
     """
     if (event.trigger != Trigger.GRAD or event.bad_loss_iters
             or len(steps) < 2):
@@ -40,7 +43,7 @@ def locate_micro_step(event: Any, model: torch.nn.Module,
         for iter, batch, rng in steps:
             replay = ReplaySession(model, batch,
                                    functools.partial(restore_rng, rng),
-                                   state, None).run()
+                                   state, None, train_step).run()
             if replay.nonfinite_grad_count:
                 return event.at_micro_step(iter)
     return event

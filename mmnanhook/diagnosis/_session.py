@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -54,7 +55,8 @@ class ReplaySession(object):
 
     def __init__(self, model: Any, data_batch: Any,
                  restore_rng: Optional[Callable[[], Any]], state: Any,
-                 amp_dtype: Optional[torch.dtype]) -> None:
+                 amp_dtype: Optional[torch.dtype],
+                 train_step: Optional[Any] = None) -> None:
         # Built before any replay graph, to free what a raising backward of
         # one leaves queued.
         self.drain = compat.BackwardDrain()
@@ -64,6 +66,9 @@ class ReplaySession(object):
         self.state = state
         self.amp_dtype = amp_dtype
         self.device_type = device_type(model)
+        # A model with its own train_step (OwnTrainStep) is replayed
+        # through it, up to the update step that failed.
+        self.train_step = train_step
 
     def _autocast(self, enabled):
         if not enabled or self.amp_dtype is None:
@@ -73,7 +78,8 @@ class ReplaySession(object):
     def run(self, batch: Any = None, amp: bool = True,
             forward_ctx: Optional[Any] = None, watch_backward: bool = False,
             anomaly: bool = False, backward: bool = True) -> ReplayResult:
-        """Replay the iteration once, as ``BaseModel.train_step`` runs it.
+        """Replay the iteration once, as ``BaseModel.train_step`` runs it
+        (or the model's own ``train_step``, up to its failing update step).
 
         Args:
             batch: The (sub-)batch; the whole batch by default.
@@ -99,14 +105,23 @@ class ReplaySession(object):
             try:
                 forward_ctx = forward_ctx or contextlib.nullcontext()
                 checked = floating(batch)
-                with forward_ctx, self._autocast(amp):
-                    data = self.model.data_preprocessor(batch, True)
-                    if checked:
-                        # As in the run: a NaN input never reaches an op
-                        # that may crash on it.
-                        check_inputs(data)
-                    losses = self.model._run_forward(data, mode='loss')
-                loss, log_vars = self.model.parse_losses(losses)
+                if self.train_step is not None:
+                    # Its backward runs inside too: what the train step set
+                    # for the update step holds for it.
+                    step = stack.enter_context(self.train_step.replaying(
+                        self.model, functools.partial(self._autocast, amp),
+                        checked))
+                    with forward_ctx:
+                        loss, log_vars = step(batch)
+                else:
+                    with forward_ctx, self._autocast(amp):
+                        data = self.model.data_preprocessor(batch, True)
+                        if checked:
+                            # As in the run: a NaN input never reaches an
+                            # op that may crash on it.
+                            check_inputs(data)
+                        losses = self.model._run_forward(data, mode='loss')
+                    loss, log_vars = self.model.parse_losses(losses)
             except Exception as error:  # noqa: BLE001 - a finding
                 result.error = _error_info('forward', error)
             else:

@@ -33,8 +33,8 @@ import torch
 from ..doctor import config_dicts, load_config, try_build_dataset
 # VOC_YEAR: the test beds' zoo datasets are written as the drill's are.
 from ._data import VOC_YEAR  # noqa: F401
-from ._data import (data_format, dataset_configs, empty_reason, point_at,
-                    stand_in, write_stand_in)
+from ._data import (FORMATS, data_format, dataset_configs, empty_reason,
+                    point_at, stand_in, write_stand_in)
 
 # Keys of pipeline steps (and a preprocessor's, and mmdet's batch augments)
 # that hold image sizes; RandomAffine's border is one in pixels.
@@ -206,8 +206,8 @@ def prepare(config_path: str, data_dir: str, length: int,
         if data is None:
             raise DatasetError(
                 'the train dataset of {} cannot be built here and the drill '
-                'has no synthetic stand-in of its format (COCO, VOC, DOTA): '
-                'run the drill where the data is'.format(config_path))
+                'has no synthetic stand-in of its format ({}): run the drill '
+                'where the data is'.format(config_path, FORMATS))
         images = BATCH * length * 8
         stand = stand_in(cfg, data, factor)
         point_at(cfg, stand, write_stand_in(stand, data_dir, images, writes,

@@ -12,7 +12,11 @@ dataset (or a wrapper round it) says it:
   stand-in empty (``ValueError: need at least one array to concatenate``,
   issue 64);
 * its annotation format: COCO (with masks where a pipeline loads them),
-  VOC (the writer's subdirectories), DOTA;
+  VOC (the writer's subdirectories), DOTA; of the other codebases, by the
+  dataset's class: mmseg's ADE20K (label maps, ``reduce_zero_label`` as the
+  dataset reads them), mmpretrain's ImageNet / ``CustomDataset`` (class
+  folders and an annotation list), mmpose's COCO keypoints (a person an
+  image), mmagic's LQ/GT pairs (the LQ images ``scale`` times smaller);
 * its image sizes: the size its dataset declares every image has (DOTA's
   ``img_shape``, scaled as the drill scales the pipelines), at least the
   ``min_size`` its ``filter_cfg`` keeps.
@@ -24,6 +28,7 @@ one rank names a file every rank's dataset loads).
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import os
 import os.path as osp
@@ -31,6 +36,7 @@ import shutil
 import time
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from .. import demo
 from ..demo import synthetic
 from ..doctor import config_dicts
 from ..errors import DatasetError
@@ -43,6 +49,20 @@ SIDE = 320
 _SHOWN = 5
 # How often a rank waiting for rank 0's stand-in looks (seconds).
 _POLL = 0.2
+# The formats of the other codebases, by the dataset's class: its package
+# and a class of its MRO (the codebase's own, not mmdet's namesake).
+_CODEBASE_FORMATS = (('mmseg', 'ADE20KDataset', 'ade20k'),
+                     ('mmpretrain', 'CustomDataset', 'imagenet'),
+                     ('mmpose', 'CocoDataset', 'coco_keypoints'),
+                     ('mmagic', 'BasicImageDataset', 'pairs'))
+# Packages whose datasets are not detection's: a class of theirs without a
+# format above has none (mmpose's ``CocoDataset`` is no mmdet COCO).
+_CODEBASES = ('mmseg', 'mmpretrain', 'mmpose', 'mmagic')
+# What ``data_format`` knows, for the line that says it knows no other.
+FORMATS = 'COCO, VOC, DOTA, ADE20K, ImageNet, COCO keypoints, LQ/GT pairs'
+# The keys of mmagic's ``data_prefix`` that read LQ/GT pairs (restoration);
+# its other layouts (a folder of GT images, of video frames) have none.
+_PAIR_KEYS = ['gt', 'img']
 
 
 def dataset_configs(dataset: Dict[str, Any]
@@ -83,10 +103,40 @@ def leaves(cfg: Any) -> List[Dict[str, Any]]:
     return [leaf for leaf, _ in _chains(cfg.train_dataloader.dataset)]
 
 
+def _codebase_format(leaf):
+    """The format of a dataset config whose class is of another codebase
+    than mmdet's (see :data:`_CODEBASE_FORMATS`): ``(True, format or
+    None)``; ``(False, None)`` for a class of none of them, or one not
+    found."""
+    cls = _dataset_class(leaf.get('type'))
+    package = str(getattr(cls, '__module__', '')).split('.')[0]
+    if package not in _CODEBASES:
+        return False, None
+    for owner, base, kind in _CODEBASE_FORMATS:
+        if package == owner and any(
+                c.__name__ == base and c.__module__.startswith(owner + '.')
+                for c in cls.__mro__):
+            prefix = leaf.get('data_prefix')
+            if kind == 'pairs' and not (isinstance(prefix, dict) and sorted(
+                    prefix) == _PAIR_KEYS):
+                return True, None
+            return True, kind
+    return True, None
+
+
 def data_format(cfg: Any) -> Optional[str]:
     """The format a synthetic stand-in of the config's data is written in:
-    ``'coco'``, ``'coco_masks'``, ``'voc'`` or ``'dota'``; ``None`` for
-    another."""
+    ``'coco'``, ``'coco_masks'``, ``'voc'``, ``'dota'``, ``'ade20k'``,
+    ``'imagenet'``, ``'coco_keypoints'`` or ``'pairs'``; ``None`` for
+    another.
+
+    Args:
+        cfg (mmengine.Config): The loaded config, its default scope current.
+    """
+    found = [_codebase_format(d) for d in leaves(cfg)]
+    if any(other for other, _ in found):
+        kinds = {kind for _, kind in found}
+        return kinds.pop() if len(kinds) == 1 else None
     types = [str(d.get('type', '')).lower() for d in leaves(cfg)]
     if any('panoptic' in t for t in types):
         return None
@@ -119,8 +169,8 @@ def num_classes(model: Dict[str, Any]) -> Optional[int]:
     return min(counts) if counts else None
 
 
-def _class_default(type_name):
-    """The classes of a registered dataset class's ``METAINFO``, or
+def _dataset_class(type_name):
+    """The registered dataset class a config's ``type`` names, or
     ``None``."""
     from mmengine.registry import DATASETS, DefaultScope
     current = DefaultScope.get_current_instance()
@@ -135,8 +185,25 @@ def _class_default(type_name):
                 cls = registry.get(type_name)
     except Exception:  # noqa: BLE001 - a class we cannot import: unknown
         return None
-    metainfo = getattr(cls, 'METAINFO', None) or {}
+    return cls
+
+
+def _class_default(type_name):
+    """The classes of a registered dataset class's ``METAINFO``, or
+    ``None``."""
+    metainfo = getattr(_dataset_class(type_name), 'METAINFO', None) or {}
     return metainfo.get('classes')
+
+
+def _init_default(type_name, name, default):
+    """The default of a dataset class's ``__init__`` argument ``name``
+    (ADE20K's ``reduce_zero_label=True``), else ``default``."""
+    try:
+        found = inspect.signature(_dataset_class(type_name)).parameters
+    except (TypeError, ValueError):  # not found, or not a class
+        return default
+    value = found[name].default if name in found else default
+    return default if value is inspect.Parameter.empty else value
 
 
 def said_classes(leaf: Dict[str, Any],
@@ -169,6 +236,9 @@ def show_classes(classes: Any) -> str:
     if isinstance(classes, str):
         return repr(classes)
     names = [str(c) for c in classes]
+    if any(',' in name for name in names):
+        # ImageNet's ('tench, Tinca tinca', ...): one class, not two.
+        names = [repr(name) for name in names]
     if len(names) <= _SHOWN:
         return ', '.join(names)
     return '{}, ... ({} in all)'.format(', '.join(names[:_SHOWN]),
@@ -179,7 +249,7 @@ class StandIn(object):
     """How the synthetic stand-in of a config's data is written.
 
     Args:
-        kind (str): ``'coco'``, ``'coco_masks'``, ``'voc'`` or ``'dota'``.
+        kind (str): Of :func:`data_format`.
         classes (tuple[str], optional): The category names it is written
             in (``None``: the writer's own).
         side (int): The side of its square images, in pixels.
@@ -187,16 +257,28 @@ class StandIn(object):
             model has fewer (``classes`` are its first ones).
         declared (bool): Whether the dataset declares its images' shape
             (DOTA's ``img_shape``): set to the stand-in's.
+        labels (int, optional): Where no class is named, how many the
+            model has: the labels written are among them (an ImageNet
+            ``CustomDataset`` without ``classes``).
+        reduce_zero_label (bool): A label map's 0 is "other", ignored, and
+            ``k`` class ``k - 1`` (ADE20K's, as its dataset reads it).
+        scale (int, optional): How many times smaller LQ images are than
+            GT images (pairs); ``side`` is the GT images'.
     """
 
     def __init__(self, kind: str, classes: Optional[Tuple[str, ...]],
                  side: int, of: Optional[int] = None,
-                 declared: bool = False) -> None:
+                 declared: bool = False, labels: Optional[int] = None,
+                 reduce_zero_label: bool = False,
+                 scale: Optional[int] = None) -> None:
         self.kind = kind
         self.classes = classes
         self.side = side
         self.of = of
         self.declared = declared
+        self.labels = labels
+        self.reduce_zero_label = reduce_zero_label
+        self.scale = scale
 
     def says(self, images: int) -> str:
         """What the drill changed of the config's data, for the user.
@@ -206,8 +288,14 @@ class StandIn(object):
         """
         line = 'a synthetic {} dataset of {} images of {} px'.format(
             self.kind, images, self.side)
+        if self.scale is not None:
+            line += ' (GT; LQ {}x smaller)'.format(self.scale)
+        if self.reduce_zero_label:
+            line += ' (label maps: 0 "other", class k written k + 1)'
         if self.classes is None:
-            return line
+            return line if self.labels is None else \
+                '{} in labels 0-{} (the model has num_classes={})'.format(
+                    line, min(self.labels, images) - 1, self.labels)
         if self.of is not None:
             return '{} in the first {} of its {} classes (the model has ' \
                 'num_classes={}): {}'.format(line, len(self.classes),
@@ -226,7 +314,25 @@ class StandIn(object):
             seed (int): The writer's seed.
         """
         extra = {} if self.classes is None else dict(classes=self.classes)
-        if self.kind in ('coco', 'coco_masks'):
+        count = len(self.classes) if self.classes is not None else \
+            self.labels
+        counted = {} if count is None else dict(num_classes=count)
+        if self.kind == 'imagenet':
+            demo.make_imagenet_dataset(root, num_images=num_images,
+                                       image_size=self.side, seed=seed,
+                                       **counted)
+        elif self.kind == 'ade20k':
+            demo.make_ade20k_dataset(
+                root, num_images=num_images, image_size=self.side, seed=seed,
+                reduce_zero_label=self.reduce_zero_label, **counted)
+        elif self.kind == 'pairs':
+            demo.make_pairs_dataset(root, num_images=num_images,
+                                    gt_size=self.side, scale=self.scale,
+                                    seed=seed)
+        elif self.kind == 'coco_keypoints':
+            demo.make_coco_keypoints_dataset(root, num_images=num_images,
+                                             image_size=self.side, seed=seed)
+        elif self.kind in ('coco', 'coco_masks'):
             synthetic.make_coco_dataset(root, num_images=num_images,
                                         image_size=self.side, seed=seed,
                                         masks=self.kind == 'coco_masks',
@@ -242,6 +348,43 @@ class StandIn(object):
                                         **extra)
 
 
+def _reduces_zero_label(leaf):
+    """Whether the label maps of a segmentation dataset config are read
+    with 0 "other": as its pipeline's ``LoadAnnotations`` says, else (the
+    step saying nothing takes its dataset's) its dataset, else the dataset
+    class's default (ADE20K's ``True``). mmseg asserts the step's and the
+    dataset's agree."""
+    for _, step in config_dicts(leaf.get('pipeline') or []):
+        if step.get('reduce_zero_label') is not None:
+            return bool(step['reduce_zero_label'])
+    if leaf.get('reduce_zero_label') is not None:
+        return bool(leaf['reduce_zero_label'])
+    return bool(_init_default(leaf.get('type'), 'reduce_zero_label', False))
+
+
+def _upscale(cfg):
+    """How many times smaller a restoration config's LQ images are: its
+    pipeline's ``SetValues`` scale (what ``PairedRandomCrop`` reads), else
+    its model's ``upscale_factor``, else 4."""
+    for path, found in config_dicts(cfg.train_dataloader.dataset):
+        if path.endswith('dictionary') and isinstance(found.get('scale'),
+                                                      int):
+            return found['scale']
+    for _, found in config_dicts(cfg.model):
+        if isinstance(found.get('upscale_factor'), int):
+            return found['upscale_factor']
+    return 4
+
+
+def _pairs_side(cfg, scale):
+    """The GT side of a pairs stand-in: at least :data:`SIDE` and the GT
+    patch ``PairedRandomCrop`` cuts, a multiple of ``scale``."""
+    patches = [found['gt_patch_size'] for _, found in config_dicts(
+        cfg.train_dataloader.dataset)
+               if isinstance(found.get('gt_patch_size'), int)]
+    return int(math.ceil(max([SIDE] + patches) / float(scale))) * scale
+
+
 def stand_in(cfg: Any, kind: str, factor: Optional[float] = None
              ) -> StandIn:
     """The stand-in of ``cfg``'s data in format ``kind``, in the config's
@@ -254,11 +397,16 @@ def stand_in(cfg: Any, kind: str, factor: Optional[float] = None
             sizes (a declared image shape is scaled alike).
     """
     names: List[str] = []
-    sides, declared = [], False
+    sides, declared, reduce_zero_label = [], False, False
     for leaf, wrappers in _chains(cfg.train_dataloader.dataset):
+        if kind == 'ade20k':
+            reduce_zero_label = _reduces_zero_label(leaf)
         classes = said_classes(leaf, wrappers)
+        # The classes of the members so far, not this one's: a name twice
+        # in one dataset is two classes (ImageNet's two 'crane').
+        before = set(names)
         for name in _as_names(classes) if classes is not None else ():
-            if name not in names:
+            if name not in before:
                 names.append(name)
         shape = leaf.get('img_shape')
         if isinstance(shape, (list, tuple)) and shape:
@@ -268,12 +416,17 @@ def stand_in(cfg: Any, kind: str, factor: Optional[float] = None
         if isinstance(min_size, (int, float)) and min_size > 0:
             sides.append(int(math.ceil(min_size)))
     side = max(sides) if declared else max([SIDE] + sides)
-    if not names:
-        return StandIn(kind, None, side, declared=declared)
+    if kind == 'pairs':
+        scale = _upscale(cfg)
+        return StandIn(kind, None, _pairs_side(cfg, scale), scale=scale)
     count, of = num_classes(cfg.model), None
+    if not names:
+        return StandIn(kind, None, side, declared=declared, labels=count,
+                       reduce_zero_label=reduce_zero_label)
     if count is not None and count < len(names):
         names, of = names[:count], len(names)
-    return StandIn(kind, tuple(names), side, of, declared)
+    return StandIn(kind, tuple(names), side, of, declared,
+                   reduce_zero_label=reduce_zero_label)
 
 
 def write_stand_in(stand: StandIn, root: str, num_images: int,
@@ -338,7 +491,33 @@ def point_at(cfg: Any, stand: StandIn, root: str) -> None:
         root (str): Its ``data_root``.
     """
     for leaf in leaves(cfg):
-        if stand.kind in ('coco', 'coco_masks'):
+        if stand.kind == 'imagenet':
+            # ``split`` names the folder and the list where these are not
+            # given: given, whatever the config's split.
+            leaf.update(data_root=root, ann_file=demo.IMAGENET_ANN_FILE,
+                        data_prefix=demo.IMAGENET_SPLIT)
+            if 'split' in leaf:
+                leaf['split'] = demo.IMAGENET_SPLIT
+        elif stand.kind == 'ade20k':
+            # No ``ann_file``: every image of the folder, as ADE20K is read.
+            leaf.update(data_root=root, ann_file='',
+                        data_prefix=dict(img_path=demo.ADE_IMG_DIR,
+                                         seg_map_path=demo.ADE_ANN_DIR),
+                        img_suffix='.jpg', seg_map_suffix='.png')
+        elif stand.kind == 'pairs':
+            leaf.update(data_root=root, ann_file=demo.PAIRS_ANN_FILE,
+                        data_prefix=dict(img=demo.PAIRS_LQ_DIR,
+                                         gt=demo.PAIRS_GT_DIR),
+                        # The writer's names are the same in both folders.
+                        filename_tmpl=dict(img='{}', gt='{}'))
+        elif stand.kind == 'coco_keypoints':
+            leaf.update(data_root=root, ann_file=demo.KEYPOINTS_ANN_FILE,
+                        data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
+            if leaf.get('bbox_file'):
+                # A detector's boxes of the user's images: the stand-in's
+                # own are its annotations'.
+                leaf['bbox_file'] = None
+        elif stand.kind in ('coco', 'coco_masks'):
             leaf.update(data_root=root, ann_file=synthetic.COCO_ANN_FILE,
                         data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
         elif stand.kind == 'voc':

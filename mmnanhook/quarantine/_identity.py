@@ -29,7 +29,7 @@ import weakref
 from numbers import Integral
 from typing import Any, List, Optional, Sequence
 
-from .._batch import batch_size, sample_files
+from .._batch import batch_size, file_of, sample_files
 from .._log import log
 from .._patch import set_attribute
 from ..records import SampleId
@@ -267,7 +267,9 @@ def track_samples(loader: Any,
 
 
 def info_path(dataset: Any, index: Optional[int]) -> Optional[str]:
-    """``img_path`` of the data info of ``dataset``'s sample ``index``;
+    """The file (``img_path``, else ``gt_path``:
+    :func:`~mmnanhook._batch.file_of`) of the data info of ``dataset``'s
+    sample ``index``;
     ``None`` for a dataset without data infos (a plain torch ``Dataset``),
     an index outside it, or an info without one."""
     if index is None or not hasattr(dataset, 'get_data_info'):
@@ -278,7 +280,7 @@ def info_path(dataset: Any, index: Optional[int]) -> Optional[str]:
         info = dataset.get_data_info(index)
     except Exception:  # noqa: BLE001 - a label only: a user's dataset
         return None
-    path = info.get('img_path') if isinstance(info, dict) else None
+    path = file_of(info) if isinstance(info, dict) else None
     return None if path is None else str(path)
 
 

@@ -33,6 +33,9 @@ class ProblemCategory(_StrEnum):
     SIZE_MISMATCH = 'size_mismatch'  #: declared image size is not the file's
     NONFINITE_INPUT = 'nonfinite_input'  #: the input holds NaN / Inf
     NONFINITE_BOX = 'nonfinite_box'  #: a GT box has NaN / Inf coordinates
+    #: another ground-truth target (keypoints, their labels, heatmaps, a
+    #: target image) holds NaN / Inf
+    NONFINITE_TARGET = 'nonfinite_target'
     DEGENERATE = 'degenerate'  #: a GT box side is (near) zero or negative
     OUTSIDE = 'outside'  #: a GT box lies outside its image
     ANGLE = 'angle'  #: a rotated box's angle is outside the configured range
@@ -44,7 +47,8 @@ class ProblemCategory(_StrEnum):
 
 # A sample with one of these carries non-finite values into the forward.
 NONFINITE_DATA = (ProblemCategory.NONFINITE_INPUT,
-                  ProblemCategory.NONFINITE_BOX)
+                  ProblemCategory.NONFINITE_BOX,
+                  ProblemCategory.NONFINITE_TARGET)
 
 
 class DataProblem(object):

@@ -77,6 +77,12 @@ def _data_hints(report):
     if ProblemCategory.NONFINITE_BOX in categories:
         hints.append((None, 'Some GT boxes hold NaN/Inf coordinates: fix or '
                       'remove those annotations' + where + '.'))
+    if ProblemCategory.NONFINITE_TARGET in categories:
+        # Keypoints and other targets come from the annotations as the
+        # boxes do (a NaN an export wrote into a keypoint's x or y).
+        hints.append((None, 'Some ground-truth targets (keypoints, labels '
+                      'or maps the pipeline made of them) hold NaN/Inf: '
+                      'fix or remove those annotations' + where + '.'))
     if ProblemCategory.OUTSIDE in categories:
         hints.append((None,
             'Some GT boxes lie outside their image: check the annotation '

@@ -161,7 +161,14 @@ def _denormalized(model, data_batch):
     with torch.no_grad():
         data = preprocessor(copy.deepcopy(data_batch), True)
     inputs = data.get('inputs')
-    samples = data.get('data_samples') or []
+    samples = data.get('data_samples')
+    if not isinstance(samples, (list, tuple)):
+        # mmagic's preprocessor stacks the samples into one DataSample:
+        # each sample's metainfo is the batch's own sample's.
+        samples = data_batch.get('data_samples') if isinstance(
+            data_batch, dict) else None
+    if not isinstance(samples, (list, tuple)):
+        samples = []
     if not torch.is_tensor(inputs) or inputs.dim() != 4:
         return None
     x = inputs.detach().float().cpu()

@@ -371,7 +371,11 @@ class HookRun(Listener):
             self.rewinder.store.settle()
 
     def on_resolved(self, applied: bool) -> None:
-        self.step.applied = applied
+        # A train step that steps several optim wrappers (a GAN) is applied
+        # only if each of its update steps is: one left out is not undone by
+        # the next one applied (what it returns holds both's values).
+        if self.step.applied is not False:
+            self.step.applied = applied
 
     def on_spike(self, spikes: List[Any]) -> None:
         for spike in spikes:

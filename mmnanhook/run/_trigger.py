@@ -71,7 +71,7 @@ class TriggerProcedure(object):
         plan, found = self._plan(
             event,
             consecutive_skips=step.sentinel.check.consecutive_skips)
-        event, answer = self._prepare(plan, found)
+        event, answer = self._prepare(plan, found, step.wrapper)
         self._carry_out(plan, event, answer, step,
                         functools.partial(self._dropped, event))
 
@@ -205,10 +205,18 @@ class TriggerProcedure(object):
 
     # -- what comes before the step's fate ------------------------------------
 
-    def _prepare(self, plan: Plan,
-                 history: _History) -> Tuple[NonFiniteEvent, Answer]:
+    def _prepare(self, plan: Plan, history: _History,
+                 wrapper: Optional[Any] = None
+                 ) -> Tuple[NonFiniteEvent, Answer]:
         """Every part of ``plan`` but the step's fate, in its order: what
         :func:`~mmnanhook.recovery.carry_out` then decides the fate with.
+
+        Args:
+            plan (Plan): The trigger's plan.
+            history (_History): The run's history records and evidence.
+            wrapper (OptimWrapper, optional): The optim wrapper whose
+                update step triggered (the diagnosis of a model with its
+                own train_step replays up to it).
 
         Returns:
             tuple: The event (its failing micro-step found) and the
@@ -231,7 +239,8 @@ class TriggerProcedure(object):
             event, history.records, plan.level, plan.rewind_to is not None,
             plan.diagnosers, together=ranks is not None,
             divergence=history.evidence,
-            collectives=guard.step_collectives() if guard else None)
+            collectives=guard.step_collectives() if guard else None,
+            wrapper=wrapper)
         diagnosis = self.diagnostician.diagnose(request)
         # Once on every rank, whatever the diagnosis did: the others wait
         # in it.

@@ -239,4 +239,9 @@ def install_nan_detect(optim_wrapper: OptimWrapper,
                                    run_policy)
         vars(wrapper)[ATTRIBUTE] = sentinel
         entries.append((wrapper, sentinel, previous, saved))
+    if len(entries) > 1:
+        # One train/nan_skipped for the run, whichever member skipped.
+        peers = [entry[1] for entry in entries]
+        for sentinel in peers:
+            sentinel.peers = peers
     return NanDetectHandle(entries)

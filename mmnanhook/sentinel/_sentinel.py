@@ -72,6 +72,10 @@ class WrapperSentinel(object):
         self._shards = None
         # Samples dropped so far, on every rank (train/samples_dropped).
         self.samples_dropped = 0
+        # Every sentinel of one install (an OptimWrapperDict's members,
+        # set by install_nan_detect): train/nan_skipped is one counter of
+        # the run, their skips together; ``None``: this one alone.
+        self.peers = None
         # The ranks of a distributed run (sentinel._ranks.Ranks), set
         # by the listener that catches a forward that raises: every backward
         # waits for their vote.
@@ -274,7 +278,7 @@ class WrapperSentinel(object):
         """What an update step to be applied records: the check passed,
         its norm logged, its clipping prepared."""
         self.check.passed()
-        self._count('train/nan_skipped', self.check.skipped)
+        self._count('train/nan_skipped', self.skipped_in_run())
         outcome = measured.outcome
         # Only the norm of a step that is applied: a skipped step's
         # non-finite norm would stay in the windows LogProcessor smooths.
@@ -326,7 +330,13 @@ class WrapperSentinel(object):
             undo()
         for wrapper in wrappers:
             wrapper.zero_grad()
-        self.hub.update_scalar('train/nan_skipped', self.check.skipped)
+        self.hub.update_scalar('train/nan_skipped', self.skipped_in_run())
+
+    def skipped_in_run(self) -> int:
+        """Update steps left out so far by this sentinel and its peers:
+        a GAN's discriminator step left out is not undone in the counter by
+        its generator's step applied after it."""
+        return sum(s.check.skipped for s in self.peers or [self])
 
     def _sharded_ids(self):
         """ids of the parameters FSDP1 shards in the model, or ``None``."""

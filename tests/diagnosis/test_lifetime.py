@@ -44,9 +44,9 @@ def test_nothing_of_the_diagnosis_is_left(tmp_path, fault, policy,
     before = set()
     prepare = TriggerProcedure._prepare
 
-    def noting_prepare(procedure, plan, evidence):
+    def noting_prepare(procedure, plan, evidence, *args):
         before.update(lifetime.live_graph_ids())
-        return prepare(procedure, plan, evidence)
+        return prepare(procedure, plan, evidence, *args)
 
     monkeypatch.setattr(TriggerProcedure, '_prepare', noting_prepare)
     error = None

@@ -8,9 +8,12 @@ named in ``nodata``, and appends one line ``pid time load name`` to
 file; worker processes included), so a test can count where and when the
 tile was loaded, and which processes loaded images at all.
 :class:`LogComposedParts` appends a line for each composed sample that holds
-one of ``watch`` as a part (a Mosaic or MixUp served from a cache). Register
-both with :func:`register_nodata_transforms`. :func:`log_index` logs what a
-worker process holds of the dataset's index.
+one of ``watch`` as a part (a Mosaic or MixUp served from a cache).
+:class:`LoadNodataEditImage` is :class:`LoadNodataImage`'s sibling for
+mmagic's loader (one pipeline key's image, ``'img'`` or ``'gt'``;
+:func:`edit_nodata_pipeline`). Register them with
+:func:`register_nodata_transforms`. :func:`log_index` logs what a worker
+process holds of the dataset's index.
 """
 import os
 import os.path as osp
@@ -52,6 +55,47 @@ class LoadNodataImage(LoadImageFromFile):
             _append(self.log_file, '%s %s' % (
                 'load' if name in self.nodata else 'seen', name))
         return results
+
+
+class LoadNodataEditImage(BaseTransform):
+    """mmagic's ``LoadImageFromFile`` of one ``key`` (``'img'``: the LQ
+    input, ``'gt'``: the target) as float32; the ``nodata`` files' image all
+    NaN. A sibling of :class:`LoadNodataImage`, which is mmcv's loader
+    (``img`` and ``img_path`` only).
+
+    Args:
+        nodata (list[str]): Base names of the nodata files.
+        **kwargs: mmagic's ``LoadImageFromFile``'s (``key`` among them).
+    """
+
+    def __init__(self, nodata=(), **kwargs):
+        from mmagic.datasets.transforms import LoadImageFromFile as Load
+        kwargs['to_float32'] = True
+        self.load = Load(**kwargs)
+        self.key = kwargs['key']
+        self.nodata = set(nodata)
+
+    def transform(self, results):
+        results = self.load(results)
+        if osp.basename(str(results[self.key + '_path'])) in self.nodata:
+            results[self.key] = np.full_like(results[self.key], np.nan)
+        return results
+
+
+def edit_nodata_pipeline(steps, tile, key):
+    """An mmagic train pipeline (config steps) whose ``key`` images load
+    as float32, ``tile``'s all NaN (:class:`LoadNodataEditImage`).
+
+    Args:
+        steps (list[dict]): The shipped pipeline.
+        tile (str): Base name of the nodata file.
+        key (str): Which image of a sample: ``'img'`` or ``'gt'``.
+    """
+    edited = [dict(step, type='LoadNodataEditImage', nodata=[tile])
+              if step['type'].rpartition('.')[2] == 'LoadImageFromFile'
+              and step.get('key') == key else step for step in steps]
+    assert edited != list(steps), 'no %r load step' % key
+    return edited
 
 
 class LogComposedParts(BaseTransform):
@@ -99,7 +143,9 @@ def nodata_pipeline(steps, tile, log_file=None, mixing=True):
     for step in steps:
         # mmrotate's configs name mmdet's transforms with its scope.
         scope, _, kind = step['type'].rpartition('.')
-        if kind == 'LoadImageFromFile':
+        # mmpose's load step is its own LoadImage (mmcv's, and an image
+        # already in the results kept): the same for a file.
+        if kind in ('LoadImageFromFile', 'LoadImage'):
             step = dict(step, type=scope + '.LoadNodataImage' if scope
                         else 'LoadNodataImage', nodata=[tile],
                         log_file=log_file)
@@ -113,10 +159,13 @@ def nodata_pipeline(steps, tile, log_file=None, mixing=True):
 
 
 def register_nodata_transforms():
-    """Register both transforms in mmdet's ``TRANSFORMS``."""
-    from mmdet.registry import TRANSFORMS
+    """Register both transforms in mmengine's root ``TRANSFORMS``: every
+    codebase's registry (mmdet's, mmpretrain's, mmpose's, mmagic's) finds
+    them through its parent, scoped or not."""
+    from mmengine.registry import TRANSFORMS
     TRANSFORMS.register_module(module=LoadNodataImage, force=True)
     TRANSFORMS.register_module(module=LogComposedParts, force=True)
+    TRANSFORMS.register_module(module=LoadNodataEditImage, force=True)
 
 
 def read_log(log_file):

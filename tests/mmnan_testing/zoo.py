@@ -33,11 +33,15 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 
 from mmnanhook._mmengine import unwrap_model
+from mmnanhook import demo
 from mmnanhook.demo import synthetic
 from mmnanhook.drill._config import VOC_YEAR, rescale
-from mmnan_testing import datasets, legs, testbed
+from mmnan_testing import legs, testbed
 
 SMALL_SIDE = 320
+# The (w, h) top-down pose input of the zoo tier: multiples of 32 (the
+# backbones' stride, which the heatmap and SimCC heads' sizes follow).
+POSE_INPUT = (96, 128)
 
 
 class ZooEntry(object):
@@ -48,23 +52,37 @@ class ZooEntry(object):
         path (str): Path under ``<package>/.mim/configs``.
         data (str): Dataset kind: ``'coco'``, ``'coco_masks'``, ``'voc'``,
             ``'dota'``,
-            ``'imagenet'`` or ``'ade20k'``.
+            ``'imagenet'``, ``'ade20k'``, ``'coco_keypoints'``, ``'pairs'``
+            (mmagic LQ/GT pairs) or ``'image_folder'`` (mmagic, one
+            folder of images).
         short_side (int, optional): The short side of the zoo's train scale,
             rescaled to :data:`SMALL_SIDE` (or a run's own side); ``None``
             keeps the scales.
         by_epoch (bool): Whether its train loop counts epochs.
         wrapped (int): Dataset wrappers (``MultiImageMixDataset``) around
             the dataset that reads the files.
+        input_size (tuple, optional): ``(w, h)`` a top-down pose model
+            (mmpose) is trained at instead of its codec's: every
+            ``input_size`` of the model and the pipelines, and the heatmap
+            and feature map sizes beside it, scaled alike
+            (:func:`pose_input`).
+        model (dict, optional): What the child config merges into
+            ``model``; by default ``dict(backbone=dict(init_cfg=None))``
+            (nothing is downloaded); ``{}`` for nothing (a model without
+            a backbone, or without pretrained weights: mmagic's).
     """
 
     def __init__(self, package, path, data, short_side=None, by_epoch=True,
-                 wrapped=0):
+                 wrapped=0, input_size=None, model=None):
         self.package = package
         self.path = path
         self.data = data
         self.short_side = short_side
         self.by_epoch = by_epoch
         self.wrapped = wrapped
+        self.input_size = input_size
+        self.model = dict(backbone=dict(init_cfg=None)) if model is None \
+            else model
 
     def scale(self, side=SMALL_SIDE):
         """The factor applied to the zoo's image scales to train at
@@ -119,9 +137,42 @@ ZOO = {
         640),
     'resnet18_in1k': ZooEntry('mmpretrain', 'resnet/resnet18_8xb32_in1k.py',
                               'imagenet'),
+    # A ViT: RandAugment, Mixup and CutMix in the data preprocessor (a
+    # sample's pixels reach its batch mates), AdamW, clip_grad.
+    'deit_tiny_in1k': ZooEntry('mmpretrain', 'deit/deit-tiny_4xb256_in1k.py',
+                               'imagenet'),
     'segformer_b0_ade': ZooEntry(
         'mmseg', 'segformer/segformer_mit-b0_8xb2-160k_ade20k-512x512.py',
         'ade20k', 512, by_epoch=False),
+    # mmpose's top-down COCO configs at 96x128 (half the zoo's 192x256):
+    # one sample a person, one person an image. A heatmap head (Adam,
+    # KeypointMSELoss) ...
+    'td_hm_res50': ZooEntry(
+        'mmpose', 'body_2d_keypoint/topdown_heatmap/coco/'
+        'td-hm_res50_8xb64-210e_coco-256x192.py', 'coco_keypoints',
+        input_size=POSE_INPUT),
+    # ... the RLE regression (a flow model's log-likelihood loss) ...
+    'td_reg_res50_rle': ZooEntry(
+        'mmpose', 'body_2d_keypoint/topdown_regression/coco/'
+        'td-reg_res50_rle-8xb64-210e_coco-256x192.py', 'coco_keypoints',
+        input_size=POSE_INPUT),
+    # ... and RTMPose-s: SimCC (RTMCCHead), CSPNeXt (mmdet's, SyncBN), its
+    # EMA (ExpMomentumEMA) and PipelineSwitchHook, Albumentation and
+    # mmdet's YOLOXHSVRandomAug in the pipeline (the -t config ships its
+    # EMA commented out).
+    'rtmpose_s': ZooEntry(
+        'mmpose', 'body_2d_keypoint/rtmpose/coco/'
+        'rtmpose-s_8xb256-420e_coco-256x192.py', 'coco_keypoints',
+        input_size=POSE_INPUT),
+    # mmagic's smallest restoration model (SRCNN; IterBasedTrainLoop,
+    # InfiniteSampler, PairedRandomCrop of a 128 px GT), on LQ/GT pairs.
+    'srcnn_x4': ZooEntry('mmagic', 'srcnn/srcnn_x4k915_1xb16-1000k_div2k.py',
+                         'pairs', by_epoch=False, model={}),
+    # A GAN: one train step steps two optim wrappers (an OptimWrapperDict:
+    # the discriminator's, then the generator's) on 64 px images.
+    'dcgan_64': ZooEntry(
+        'mmagic', 'dcgan/dcgan_1xb128-5epoches_lsun-bedroom-64x64.py',
+        'image_folder', by_epoch=False, model={}),
 }
 
 _run_ids = itertools.count()
@@ -176,11 +227,21 @@ def make_zoo_dataset(name, root, num_images=4, defects=None, seed=0):
         data = synthetic.make_dota_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed,
             defects=defects)
+    elif kind == 'coco_keypoints':
+        data = demo.make_coco_keypoints_dataset(
+            root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
+    elif kind == 'pairs':
+        # The GT at the 128 px of SRCNN's PairedRandomCrop.
+        data = demo.make_pairs_dataset(root, num_images=num_images,
+                                       gt_size=128, scale=4, seed=seed)
+    elif kind == 'image_folder':
+        data = demo.make_image_folder(root, num_images=num_images,
+                                      image_size=64, seed=seed)
     elif kind == 'imagenet':
-        data = datasets.make_imagenet_dataset(
+        data = demo.make_imagenet_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
     else:
-        data = datasets.make_ade20k_dataset(
+        data = demo.make_ade20k_dataset(
             root, num_images=num_images, image_size=SMALL_SIDE, seed=seed)
     data['kind'] = kind
     return data
@@ -197,11 +258,20 @@ def _dataset_override(kind, data):
     if kind == 'dota':
         return dict(data_root=root, ann_file=synthetic.DOTA_ANN_DIR + '/',
                     data_prefix=dict(img_path=synthetic.DOTA_IMG_DIR + '/'))
+    if kind == 'coco_keypoints':
+        return dict(data_root=root, ann_file=demo.KEYPOINTS_ANN_FILE,
+                    data_prefix=dict(img=synthetic.COCO_IMG_DIR + '/'))
     if kind == 'imagenet':
-        return dict(data_root=root, split=datasets.IMAGENET_SPLIT)
+        return dict(data_root=root, split=demo.IMAGENET_SPLIT)
+    if kind == 'pairs':
+        return dict(data_root=root, ann_file=demo.PAIRS_ANN_FILE,
+                    data_prefix=dict(img=demo.PAIRS_LQ_DIR,
+                                     gt=demo.PAIRS_GT_DIR))
+    if kind == 'image_folder':
+        return dict(data_root=root, data_prefix=dict(gt=''))
     return dict(data_root=root,
-                data_prefix=dict(img_path=datasets.ADE_IMG_DIR,
-                                 seg_map_path=datasets.ADE_ANN_DIR))
+                data_prefix=dict(img_path=demo.ADE_IMG_DIR,
+                                 seg_map_path=demo.ADE_ANN_DIR))
 
 
 def hook_line(**options):
@@ -251,13 +321,14 @@ def child_config(name, data, work_dir, length=2, hook=None,
     lines = [
         '_base_ = %r' % (bases, ),
         'train_dataloader = %r' % (loader, ),
-        'model = dict(backbone=dict(init_cfg=None))',
         'train_cfg = dict(%s, val_interval=1000)' % ', '.join(
             '%s=%r' % kv for kv in loop.items()),
         'val_dataloader = None', 'val_cfg = None', 'val_evaluator = None',
         'test_dataloader = None', 'test_cfg = None', 'test_evaluator = None',
         'randomness = dict(seed=%d)' % seed,
     ]
+    if entry.model:
+        lines.append('model = %r' % (entry.model, ))
     if hook == 'line':
         lines.append(hook_line(**(hook_options or {})))
     elif hook == 'base' and hook_options:
@@ -271,8 +342,23 @@ def child_config(name, data, work_dir, length=2, hook=None,
     cfg = Config.fromfile(path)
     if entry.data == 'voc':
         _point_voc(cfg, data)
+    if entry.input_size is not None:
+        pose_input(cfg, entry.input_size)
+    if entry.package == 'mmagic':
+        # mmagic's runtimes save checkpoints under ./work_dirs (out_dir),
+        # wherever the run's work dir is: into the work dir instead.
+        cfg.default_hooks.checkpoint.out_dir = None
     if entry.short_side is not None:
         rescale(cfg, entry.scale(side))
+    schedule = cfg.get('param_scheduler')
+    if isinstance(schedule, list):
+        # A phase without an end of its own ends with the run, and mmengine
+        # refuses one that begins after the short run has ended (Swin's and
+        # DeiT's cosine from epoch 20): it is out of the run.
+        cfg.param_scheduler = [
+            s for s in schedule
+            if 'end' in s or s.get('begin', 0) < length or
+            s.get('by_epoch', True) != entry.by_epoch]
     for hook_cfg in cfg.get('custom_hooks') or []:
         # The short schedule still reaches a PipelineSwitchHook's switch.
         if 'switch_epoch' in hook_cfg and entry.by_epoch:
@@ -281,6 +367,42 @@ def child_config(name, data, work_dir, length=2, hook=None,
     cfg.work_dir = work_dir
     cfg.experiment_name = '%s_%d' % (name, next(_run_ids))
     return cfg
+
+
+def pose_input(cfg, size):
+    """Train a top-down pose config at ``size``; in place.
+
+    Every dict of the model, of the train pipelines and of a
+    ``PipelineSwitchHook``'s pipeline that says an ``input_size`` (the
+    codecs, the heads, ``TopdownAffine``) says ``size`` instead, and its
+    ``heatmap_size`` / ``in_featuremap_size`` are scaled alike.
+
+    Args:
+        cfg (Config): The loaded config.
+        size (tuple): ``(w, h)``.
+    """
+    def visit(node):
+        if isinstance(node, dict):
+            old = node.get('input_size')
+            if isinstance(old, (list, tuple)) and len(old) == 2:
+                factor = [float(n) / o for n, o in zip(size, old)]
+                for key in ('heatmap_size', 'in_featuremap_size'):
+                    if key in node:
+                        scaled = [v * f for v, f in zip(node[key], factor)]
+                        assert all(v == int(v) for v in scaled), (key, node)
+                        node[key] = tuple(int(v) for v in scaled)
+                node['input_size'] = tuple(size)
+            for value in node.values():
+                visit(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                visit(value)
+
+    # (A dict already at ``size`` is left as it is: one visited twice.)
+    visit(cfg.model)
+    visit(cfg.train_dataloader.dataset)
+    for hook in cfg.get('custom_hooks') or []:
+        visit(hook.get('switch_pipeline') or [])
 
 
 def _point_voc(cfg, data):
@@ -331,7 +453,7 @@ class ZooProbe(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None,
                          outputs=None):
-        groups = runner.optim_wrapper.param_groups
+        groups = param_groups(runner.optim_wrapper)
         self.lr.append([g['lr'] for g in groups])
         self.momentum.append(
             [g.get('momentum', g.get('betas')) for g in groups])
@@ -351,6 +473,16 @@ class ZooProbe(Hook):
         return len(self.loss) if self.started > len(self.loss) else None
 
 
+def param_groups(optim_wrapper):
+    """Every param group of a run's optim wrapper; an ``OptimWrapperDict``'s
+    members' one after the other (mmagic's GANs: generator, discriminator).
+    """
+    groups = optim_wrapper.param_groups
+    if isinstance(groups, dict):
+        return [g for key in groups for g in groups[key]]
+    return groups
+
+
 class BatchFiles(ZooProbe):
     """Also records the image files of every iteration's batch.
 
@@ -367,8 +499,10 @@ class BatchFiles(ZooProbe):
     def before_train_iter(self, runner, batch_idx, data_batch=None):
         super(BatchFiles, self).before_train_iter(runner, batch_idx,
                                                   data_batch)
+        # mmagic's GAN samples (real images alone) name their file gt_path.
         self.files.append([
-            s.metainfo.get('img_path') for s in data_batch['data_samples']
+            s.metainfo.get('img_path', s.metainfo.get('gt_path'))
+            for s in data_batch['data_samples']
         ])
         self.epochs.append(runner.epoch)
 
@@ -510,3 +644,35 @@ def assert_equal(a, b, path='state'):
             assert_equal(x, y, '%s[%d]' % (path, i))
     else:
         assert a == b, path
+
+
+def codebase_marks(package, everyday=False):
+    """The marks of a zoo test of the codebases leg's ``package``: in that
+    leg's make test (``everyday``), else in the full tier."""
+    import pytest
+    return [pytest.mark.zoo, getattr(pytest.mark, package),
+            pytest.mark.everyday_leg('codebases') if everyday
+            else pytest.mark.zoo_full]
+
+
+def assert_stopped_before(runner, probe, at, error):
+    """``error`` stopped iteration ``at``, the one the probe saw start last,
+    before anything of it was applied: every weight and every optimizer
+    state bitwise those before it."""
+    assert error.iter == at == probe.before[0]
+    assert_equal(weights(runner), probe.before[1], 'weights')
+    assert_equal(runner.optim_wrapper.state_dict(), probe.before[2],
+                 'optimizer')
+
+
+def assert_same_checkpoints(runner, ref):
+    """The newest checkpoints of two runs hold the same parts, bitwise
+    equal (the model's, its EMA's, the optimizers', the schedulers')."""
+    ours, theirs = last_checkpoint(runner), last_checkpoint(ref)
+    assert ours is not None and theirs is not None
+    for key in ('state_dict', 'ema_state_dict', 'optimizer',
+                'param_schedulers'):
+        assert (key in ours) == (key in theirs), key
+        if key in ours:
+            assert_equal(ours[key], theirs[key], key)
+    return ours

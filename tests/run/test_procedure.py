@@ -116,6 +116,9 @@ class _UpdateStep(Step):
 
     def __init__(self):
         self.sentinel = _Sentinel()
+        # The optim wrapper stepped (a model with its own train_step is
+        # replayed up to its update step): none here.
+        self.wrapper = None
         self.acts = []
 
     def apply(self):

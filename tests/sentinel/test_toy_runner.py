@@ -324,7 +324,7 @@ class _AnsweringHook(NanDetectHook):
     def before_train(self, runner):
         super().before_train(runner)
 
-        def prepare(plan, evidence):
+        def prepare(plan, evidence, wrapper=None):
             self.events = getattr(self, 'events', []) + [plan.event]
             return plan.event, Answer(
                 bundle='/dumps/iter_1',
@@ -339,7 +339,7 @@ class _FailingHook(NanDetectHook):
     def before_train(self, runner):
         super().before_train(runner)
 
-        def prepare(plan, evidence):
+        def prepare(plan, evidence, wrapper=None):
             raise OSError('disk full')
 
         self._run.procedure._prepare = prepare

@@ -26,7 +26,10 @@ def _placed(result):
     return osp.join(result['work'], '..', 'data', 'images', result['tile'])
 
 
+@pytest.mark.zoo_full
 def test_the_default_policy_names_the_file_from_its_data_info(tmp_path):
+    """Full tier: make test's drop (below) quarantines the same sample by
+    its index, its file from the same data info."""
     result = yolo.run(str(tmp_path))
     tile = _placed(result)
     error = result['error']
