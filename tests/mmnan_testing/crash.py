@@ -38,7 +38,6 @@ import torch
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-from mmnanhook import NonFiniteError
 from mmnanhook._mmengine import unwrap_model
 from mmnan_testing import plain as plain_bed
 from mmnan_testing import testbed, zoo
@@ -124,14 +123,7 @@ def tile(name, work_dir, policy):
     bad = data['images'][TILE]
     dataset = cfg.train_dataloader.dataset
     dataset.pipeline = nodata_pipeline(dataset.pipeline, bad)
-    runner = Runner.from_cfg(cfg)
-    files = zoo.BatchFiles()
-    runner.register_hook(files)
-    error = None
-    try:
-        runner.train()
-    except NonFiniteError as exc:
-        error = exc
+    runner, files, error = zoo.train_with_files(cfg)
     hub = runner.message_hub
     scalars = dict((key, float(hub.get_scalar('train/' + key).current()))
                    for key in ('samples_dropped', 'nan_skipped')

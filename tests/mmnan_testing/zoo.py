@@ -676,3 +676,36 @@ def assert_same_checkpoints(runner, ref):
         if key in ours:
             assert_equal(ours[key], theirs[key], key)
     return ours
+
+
+def train_with_files(cfg):
+    """Build ``cfg``'s runner with a :class:`BatchFiles` probe and train it
+    until it ends or raises ``NonFiniteError``.
+
+    Returns:
+        tuple: ``(runner, files, error)``, ``error`` ``None`` for a run
+        that ended.
+    """
+    from mmengine.runner import Runner
+
+    from mmnanhook import NonFiniteError
+    runner = Runner.from_cfg(cfg)
+    files = BatchFiles()
+    runner.register_hook(files)
+    try:
+        runner.train()
+    except NonFiniteError as error:
+        return runner, files, error
+    return runner, files, None
+
+
+def once_per_name(tmp_path_factory, run):
+    """``name -> run(tmp_dir, name)``, each name run once (a module
+    fixture's: the checks that read one training share it)."""
+    runs = {}
+
+    def once(name):
+        if name not in runs:
+            runs[name] = run(tmp_path_factory.mktemp(name), name)
+        return runs[name]
+    return once

@@ -14,9 +14,7 @@ import os.path as osp
 
 import pytest
 import torch
-from mmengine.runner import Runner
 
-from mmnanhook import NonFiniteError
 from mmnan_testing import cli, zoo
 from mmnan_testing.nodata import nodata_pipeline, register_nodata_transforms
 
@@ -53,14 +51,7 @@ def _tile_run(root, name, policy):
     dataset = cfg.train_dataloader.dataset
     dataset.pipeline = nodata_pipeline(_float_steps(dataset.pipeline),
                                        osp.basename(bad))
-    runner = Runner.from_cfg(cfg)
-    files = zoo.BatchFiles()
-    runner.register_hook(files)
-    error = None
-    try:
-        runner.train()
-    except NonFiniteError as exc:
-        error = exc
+    runner, files, error = zoo.train_with_files(cfg)
     (at, ) = [i for i, batch in enumerate(files.files) if bad in batch]
     return dict(runner=runner, files=files, error=error, bad=bad, at=at)
 
@@ -78,13 +69,8 @@ def _float_steps(steps):
 @pytest.fixture(scope='module')
 def raised(tmp_path_factory):
     """The default policy's run of each config, trained once."""
-    runs = {}
-
-    def run(name):
-        if name not in runs:
-            runs[name] = _tile_run(tmp_path_factory.mktemp(name), name, None)
-        return runs[name]
-    return run
+    return zoo.once_per_name(
+        tmp_path_factory, lambda root, name: _tile_run(root, name, None))
 
 
 @pytest.mark.parametrize('name', [_param(n, n == EVERYDAY) for n in NAMES])
