@@ -97,3 +97,36 @@ def test_every_room_has_a_floor():
         if name.endswith('.py') or osp.isfile(osp.join(PACKAGE, name,
                                                        '__init__.py')):
             _floor(table, name[:-3] if name.endswith('.py') else name)
+
+
+def _modules(path):
+    """The dotted modules of the package that ``path`` imports from."""
+    package = osp.relpath(osp.dirname(path), osp.dirname(PACKAGE))
+    package = package.split(os.sep)
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] \
+                if node.level else []
+            yield base + (node.module.split('.') if node.module else [])
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.split('.')
+
+
+def test_a_room_is_used_through_its_package_face():
+    # docs/how-it-works.md: no room imports another room's underscore
+    # module; what it uses is exported by that room's __init__.py.
+    behind = []
+    for folder, _, files in os.walk(PACKAGE):
+        for name in files:
+            if not name.endswith('.py'):
+                continue
+            path = osp.join(folder, name)
+            for module in _modules(path):
+                if (len(module) > 2 and module[0] == 'mmnanhook' and
+                        module[1] != room(path) and
+                        osp.isdir(osp.join(PACKAGE, module[1])) and
+                        module[2].startswith('_')):
+                    behind.append('%s imports %s' % (
+                        osp.relpath(path, PACKAGE), '.'.join(module)))
+    assert behind == []

@@ -4,6 +4,10 @@ Exit codes: 0 success (``replay``: the failure reproduced), 1 ``scan`` found
 bad samples, ``doctor`` found anything or a ``drill`` verdict fails, 2 bad input (one line on stderr, no
 traceback), 3 ``replay`` came out finite, 130 ``scan`` interrupted (Ctrl-C
 or SIGTERM; its progress kept for ``--resume``).
+
+Over 500 lines because it is one concern, the command line: each command's
+arguments, their checks (a bad value is one line and exit 2) and the call
+into its room; the work itself lives in those rooms.
 """
 from __future__ import annotations
 

@@ -15,6 +15,11 @@ quarantined), the quarantine, the bundles and the totals.
 :meth:`Story.to_dict` is ``--json``'s output, which :meth:`Story.from_dict`
 reads back. The scalars for the page's plot are kept apart
 (:class:`Scalars`): a long run logs too many of them for a script's JSON.
+
+Over 500 lines because it is one concern, the story's records and how each
+file of a work dir becomes one of them (journal, bundles, quarantine, crash
+records, logs' scalars), every reader tolerant of a file cut short or
+foreign; the page that draws it is :mod:`._story_page`.
 """
 from __future__ import annotations
 

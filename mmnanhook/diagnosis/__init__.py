@@ -25,8 +25,9 @@
 * :mod:`._composed`: a composed (Mosaic) sample's input traced to its part.
 """
 from ._data import (angle_range_from_config, annotation_of, annotations,
-                    batch_size, check_batch, check_boxes, declared_size,
-                    declared_sizes, split_batch)
+                    batch_size, capped, check_batch, check_boxes,
+                    declared_size, declared_size_problem, declared_sizes,
+                    split_batch)
 from ._diagnose import diagnose
 from ._divergence import (apply_divergence, divergence_evidence,
                           evidence_before)
@@ -41,8 +42,9 @@ from ._state_scan import largest_param
 
 __all__ = [
     'angle_range_from_config', 'annotation_of', 'annotations',
-    'apply_divergence', 'batch_size', 'check_batch', 'check_boxes',
+    'apply_divergence', 'batch_size', 'capped', 'check_batch', 'check_boxes',
     'communicating_modules', 'divergence_evidence', 'declared_size',
+    'declared_size_problem',
     'evidence_before', 'filter_advice',
     'declared_sizes', 'default_dump_dir', 'diagnose', 'Diagnostician',
     'DiagnosisRequest',

@@ -13,6 +13,10 @@ plain ``(N, 4)``, ``(N, 5)`` or ``(N, 8)`` tensor is taken by its width.
 
 This module also splits a batch into sub-batches, which the diagnosis uses
 to find the samples that fail on their own.
+
+Over 500 lines because it is one concern, what of a sample's data is wrong:
+its input, its boxes and its other targets (keypoints, maps, a target
+image) are checked by one walk of the batch into one finding per sample.
 """
 from __future__ import annotations
 

@@ -34,8 +34,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .._mmengine import wrapped_datasets
 from ..errors import DatasetError
-from ..quarantine import QuarantinedSample, write_quarantine
-from ..quarantine._file import write_json_atomically
+from ..quarantine import (QuarantinedSample, write_json_atomically,
+                          write_quarantine)
 from ..records import DataProblem, SampleFinding
 
 FORMAT = 'mmnanhook-scan-progress'

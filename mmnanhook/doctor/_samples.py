@@ -18,9 +18,8 @@ import torch
 
 from .._format import one_line
 from .._mmengine import wrapped_datasets
-from ..diagnosis import (annotation_of, check_batch, check_boxes,
-                         declared_size)
-from ..diagnosis._data import capped, declared_size_problem
+from ..diagnosis import (annotation_of, capped, check_batch, check_boxes,
+                         declared_size, declared_size_problem)
 from ..records import DataProblem, ProblemCategory, SampleFinding
 
 

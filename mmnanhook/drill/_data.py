@@ -24,6 +24,11 @@ dataset (or a wrapper round it) says it:
 Under a launcher every rank trains one copy, as real ranks train one
 dataset: rank 0 writes it, the others wait for it (a quarantine written by
 one rank names a file every rank's dataset loads).
+
+Over 500 lines because it is one concern: what the stand-in is (format,
+classes, sizes) is read from the same dataset configs it is then written
+for and pointed at; each format is a few lines in each of those steps,
+and split by format the steps would be repeated per file.
 """
 from __future__ import annotations
 

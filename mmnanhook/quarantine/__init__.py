@@ -21,7 +21,7 @@
   in a child process at the next start.
 """
 from ._file import (FILE_NAME, FORMAT, QuarantinedSample, QuarantineError,
-                    read_quarantine, write_quarantine)
+                    read_quarantine, write_json_atomically, write_quarantine)
 from ._composed import PARTS, mixers, part_image
 from ._flight import (Flight, FlightRecorder, flight_dir, read_flights,
                       start_flight)
@@ -40,5 +40,6 @@ __all__ = [
     'SampleIndex', 'SampleTracker', 'TrialResult', 'info_path',
     'install_sampler', 'live_iterators', 'name_samples', 'prepare_index',
     'read_quarantine', 'read_flights', 'sample_index', 'start_flight',
-    'start_quarantine', 'track_samples', 'try_alone', 'write_quarantine'
+    'start_quarantine', 'track_samples', 'try_alone',
+    'write_json_atomically', 'write_quarantine'
 ]
