@@ -68,11 +68,17 @@ def _listed(path):
 def test_a_killed_scan_resumed_lists_what_a_whole_scan_lists(tmp_path,
                                                              signum):
     """Zoo tier: two fresh ``mmnan scan`` processes a case (their imports
-    take about 5 s each) and scans slowed down to be killed midway."""
+    take about 5 s each); the first is held at sample 40 until it is
+    killed, so a loaded machine cannot let it end first."""
     log = str(tmp_path / 'seen.txt')
+    release = str(tmp_path / 'release')
+    # 0.1 s a sample: the chunks of 16 end at 1.6 s and 3.2 s, and the scan
+    # saves (at most once a second, or 20 times a slow save's length apart)
+    # at one of them before the hold.
     path, _ = probed_config(
         tmp_path, 'retinanet_voc', 48,
-        {3: 'zero_size', 20: 'outside', 40: 'inverted'}, delay=0.05, log=log)
+        {3: 'zero_size', 20: 'outside', 40: 'inverted'}, delay=0.1, log=log,
+        hold_from=40, release=release)
     listed = str(tmp_path / 'quarantine.json')
     process = mmnan_process('scan', path, '--quarantine', listed,
                             '--no-progress')
@@ -102,6 +108,7 @@ def test_a_killed_scan_resumed_lists_what_a_whole_scan_lists(tmp_path,
     stopped = _record(listed)['next']
     assert 16 <= stopped < 48
 
+    open(release, 'w').close()
     open(log, 'w').close()
     resumed = mmnan('scan', path, '--quarantine', listed, '--resume',
                     '--no-progress')

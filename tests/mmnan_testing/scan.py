@@ -24,7 +24,7 @@ def probe():
 
 
 def probed_config(tmp_path, name, num_images, defects, delay=0.0,
-                  log=None, **overrides):
+                  log=None, hold_from=None, release=None, **overrides):
     """A tiny config on a synthetic dataset whose train pipeline starts with
     ``scan_probe.RecordSample`` (recording each sample it runs on), dumped
     to ``tmp_path/config.py``.
@@ -36,6 +36,9 @@ def probed_config(tmp_path, name, num_images, defects, delay=0.0,
         defects (dict): Image index -> defect kind.
         delay (float): Seconds the probe makes each sample take.
         log (str, optional): A file the probe appends each index to.
+        hold_from (int, optional): Samples from this index on wait until
+            the file ``release`` exists.
+        release (str, optional): See ``hold_from``.
         **overrides: Config overrides (dotted keys).
 
     Returns:
@@ -46,7 +49,8 @@ def probed_config(tmp_path, name, num_images, defects, delay=0.0,
                                 num_images=num_images, defects=defects)
     cfg = testbed.tiny_config(name, data, str(tmp_path / 'run'), **overrides)
     cfg.train_dataloader.dataset.pipeline.insert(
-        0, dict(type='RecordSample', delay=delay, log=log))
+        0, dict(type='RecordSample', delay=delay, log=log,
+                hold_from=hold_from, release=release))
     cfg.merge_from_dict(dict(custom_imports=dict(
         imports=['scan_probe'], allow_failed_imports=False)))
     path = str(tmp_path / 'config.py')

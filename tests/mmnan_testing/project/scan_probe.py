@@ -6,6 +6,7 @@ can make the pipeline slow enough to interrupt a scan midway.
 which every codebase's ``TRANSFORMS`` falls back to (the tests put this
 directory on PYTHONPATH).
 """
+import os.path as osp
 import time
 
 import cv2
@@ -19,6 +20,8 @@ SEEN = []
 OPENCV_THREADS = []
 # torch's thread count as each of them ran.
 TORCH_THREADS = []
+# Seconds a held sample waits for its release at most.
+HOLD_LIMIT = 600.0
 
 
 @TRANSFORMS.register_module()
@@ -29,11 +32,17 @@ class RecordSample(BaseTransform):
         log (str, optional): Also append each index to this file, one a line
             (the scan may run in another process).
         delay (float): Seconds each sample takes.
+        hold_from (int, optional): Samples from this index on wait until
+            ``release`` exists (at most :data:`HOLD_LIMIT` seconds), so a
+            test can interrupt a scan midway however loaded the machine.
+        release (str, optional): The file that lets them go on.
     """
 
-    def __init__(self, log=None, delay=0.0):
+    def __init__(self, log=None, delay=0.0, hold_from=None, release=None):
         self.log = log
         self.delay = delay
+        self.hold_from = hold_from
+        self.release = release
 
     def transform(self, results):
         SEEN.append(results['sample_idx'])
@@ -43,4 +52,11 @@ class RecordSample(BaseTransform):
             with open(self.log, 'a') as f:
                 f.write('%d\n' % results['sample_idx'])
         time.sleep(self.delay)
+        if self.hold_from is not None and \
+                results['sample_idx'] >= self.hold_from:
+            # Bounded: a failing test must not leave a scan's orphaned
+            # workers waiting for ever.
+            deadline = time.time() + HOLD_LIMIT
+            while not osp.exists(self.release) and time.time() < deadline:
+                time.sleep(0.02)
         return results
