@@ -254,8 +254,7 @@ def _drop_run(out_dir, faults, model_type=None, policy='drop',
         skipped=int(hub['train/nan_skipped'].current()),
         samples_dropped=int(hub['train/samples_dropped'].current())
         if 'train/samples_dropped' in hub else 0,
-        replay_buffers=captured, log=log_text(runner),
-        bundles=read_bundles(out_dir))
+        replay_buffers=captured, log=log_text(runner))
 
 
 def capture_replays(runner):
@@ -506,8 +505,7 @@ def _input(policy, ddp=None, sample=BAD_SAMPLE):
                          bad_ranks=exc.bad_ranks, message=str(exc),
                          kind=(exc.report or {}).get('kind'))
         return dict(error=error, iter=runner.iter, weights=_weights(runner),
-                    finite=all(math.isfinite(w) for w in _weights(runner)),
-                    bundles=read_bundles(out_dir))
+                    finite=all(math.isfinite(w) for w in _weights(runner)))
     return scenario
 
 
@@ -692,16 +690,28 @@ def main(argv=None, scenarios=None):
     dist.init_process_group('gloo')
     names = names.split(',')
     scenarios = scenarios or SCENARIOS
-    for name in names:
-        where = out_dir if len(names) == 1 else osp.join(out_dir, name)
-        result = scenarios[name](where)
-        with open(osp.join(where, 'rank%d.json' % dist.get_rank()),
-                  'w') as f:
-            json.dump(result, f)
-    # Every rank done before any leaves.
+    wheres = [out_dir if len(names) == 1 else osp.join(out_dir, name)
+              for name in names]
+    for name, where in zip(names, wheres):
+        with open(_result_path(where), 'w') as f:
+            json.dump(scenarios[name](where), f)
+    # Every rank done before any leaves, and before the bundles are read: a
+    # rank may still be writing its diagnosis when another's run has ended
+    # (a step left out on every rank in the last iteration).
     dist.barrier()
+    for where in wheres:
+        with open(_result_path(where)) as f:
+            result = json.load(f)
+        result.update(bundles=read_bundles(where))
+        with open(_result_path(where), 'w') as f:
+            json.dump(result, f)
     dist.destroy_process_group()
     _leave()
+
+
+def _result_path(where):
+    import torch.distributed as dist
+    return osp.join(where, 'rank%d.json' % dist.get_rank())
 
 
 def _leave():

@@ -50,7 +50,7 @@ import os.path as osp
 import torch
 
 from mmnanhook._batch import split_batch
-from .ddp import capture_pictures, capture_replays, read_bundles
+from .ddp import capture_pictures, capture_replays
 from .zoo import SMALL_SIDE, BatchFiles, model_state, weights
 
 IMAGES, WORLD, BATCH = 8, 2, 2
@@ -218,7 +218,7 @@ def _retinanet_drop(out_dir):
         skipped=int(hub.get_scalar('train/nan_skipped').current()),
         quarantine=[(s.file, s.indices) for s in read_quarantine(quarantine)]
         if osp.exists(quarantine) else None,
-        replays=replays, bundles=read_bundles(out_dir))
+        replays=replays)
 
 
 def _outcome(runner, rank, probe, out_dir, **more):
@@ -242,7 +242,7 @@ def _outcome(runner, rank, probe, out_dir, **more):
         quarantine=[(s.file, s.indices)
                     for s in read_quarantine(quarantine)]
         if osp.exists(quarantine) else None,
-        bundles=read_bundles(out_dir), **more)
+        **more)
 
 
 def _rtmdet(policy, **options):
