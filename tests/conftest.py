@@ -66,15 +66,22 @@ def _required():
 def _leg_share(config, items):
     """In a leg that says its share (``MMNANHOOK_LEG_ONLY``: markers), only
     the tests marked with one of them: the codebases leg proves its
-    packages; mmnanhook's own code is the other legs' to test."""
+    packages; mmnanhook's own code is the other legs' to test. A test
+    marked ``on_legs(...)`` runs on the legs it names alone, whatever their
+    share (a tier's legs balanced, each leg's torch in compat's range)."""
+    leg = os.environ.get('MMNANHOOK_LEG')
     only = [n for n in os.environ.get('MMNANHOOK_LEG_ONLY', '').split(',')
             if n]
-    if not only:
-        return
+
+    def runs_here(item):
+        placed = item.get_closest_marker('on_legs')
+        if leg and placed is not None:
+            return leg in placed.args
+        return not only or any(item.get_closest_marker(n) for n in only)
+
     kept, left = [], []
     for item in items:
-        (kept if any(item.get_closest_marker(n) for n in only)
-         else left).append(item)
+        (kept if runs_here(item) else left).append(item)
     if left:
         config.hook.pytest_deselected(items=left)
         items[:] = kept

@@ -14,9 +14,9 @@ import sys
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
 
-def _collect(requires, only='', paths=('test_compat.py', )):
+def _collect(requires, only='', paths=('test_compat.py', ), leg=''):
     env = dict(os.environ, MMNANHOOK_LEG_REQUIRES=requires,
-               MMNANHOOK_LEG_ONLY=only)
+               MMNANHOOK_LEG_ONLY=only, MMNANHOOK_LEG=leg)
     return subprocess.run(
         [sys.executable, '-m', 'pytest', '--collect-only', '-q',
          '-p', 'no:cacheprovider'] + [osp.join('tests', p) for p in paths],
@@ -70,3 +70,20 @@ def test_a_leg_that_says_its_share_collects_its_packages_tests_alone():
     assert ids and all(i.startswith('tests/' + pretrain) for i in ids), ids
     # test_compat.py's tests were collected, then left to the other legs.
     assert ' deselected' in result.stdout
+
+
+def test_a_test_placed_on_a_leg_runs_there_alone():
+    # The inductor run (on_legs('codebases')): in that leg's share though
+    # not marked with its packages, left out of the modern leg.
+    compiled = osp.join('zoo', 'test_zoo_compile.py')
+    inductor = 'test_inductor_on_the_tiny_retinanet'
+    there = _collect('', 'mmpretrain,mmpose', (compiled, ), 'codebases')
+    assert there.returncode == 0, there.stdout[-3000:]
+    ids = [line for line in there.stdout.splitlines() if '::' in line]
+    assert len(ids) == 1 and inductor in ids[0], ids
+    modern = _collect('', '', (compiled, ), 'modern')
+    ids = [line for line in modern.stdout.splitlines() if '::' in line]
+    assert ids and not [i for i in ids if inductor in i], ids
+    # A plain pytest (no leg) runs it.
+    plain = _collect('', '', (compiled, ))
+    assert inductor in plain.stdout
