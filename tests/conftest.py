@@ -102,6 +102,17 @@ def _tiers(items):
 
 
 @pytest.fixture(autouse=True)
+def _distribution_checks_put_back():
+    # torch.compile's first use turns torch.distributions' argument checks
+    # off for the whole process (torch._dynamo's TorchPatcher): a later
+    # test's mmpose RLE loss then made a NaN where a user's process raises.
+    from torch.distributions import Distribution
+    before = Distribution._validate_args
+    yield
+    Distribution._validate_args = before
+
+
+@pytest.fixture(autouse=True)
 def _no_dataloader_workers_left():
     # Each test's workers end with it, not seconds into another test.
     yield
