@@ -693,8 +693,9 @@ def main(argv=None, scenarios=None):
     wheres = [out_dir if len(names) == 1 else osp.join(out_dir, name)
               for name in names]
     for name, where in zip(names, wheres):
+        result = scenarios[name](where)
         with open(_result_path(where), 'w') as f:
-            json.dump(scenarios[name](where), f)
+            json.dump(result, f)
     # Every rank done before any leaves, and before the bundles are read: a
     # rank may still be writing its diagnosis when another's run has ended
     # (a step left out on every rank in the last iteration).
