@@ -691,12 +691,27 @@ def train_with_files(cfg):
     from mmnanhook import NonFiniteError
     runner = Runner.from_cfg(cfg)
     files = BatchFiles()
-    runner.register_hook(files)
+    return runner, files, train_catching(runner, files, NonFiniteError)
+
+
+def train_catching(runner, probe, catch=Exception):
+    """Register ``probe`` on ``runner`` and train it.
+
+    Args:
+        runner (Runner): Built, not trained.
+        probe (Hook): The test's probe.
+        catch (type): What training may raise, returned to the test.
+
+    Returns:
+        Exception, optional: What training raised, ``None`` for a run that
+        ended.
+    """
+    runner.register_hook(probe)
     try:
         runner.train()
-    except NonFiniteError as error:
-        return runner, files, error
-    return runner, files, None
+    except catch as error:
+        return error
+    return None
 
 
 def once_per_name(tmp_path_factory, run):

@@ -109,13 +109,7 @@ def _run(name, data, work_dir, hook=None, hook_options=None, extra=None):
     cfg.log_level = 'WARNING'
     runner = RUNNERS.build(cfg) if hook == 'base' else Runner.from_cfg(cfg)
     probe = zoo.ZooProbe()
-    runner.register_hook(probe)
-    error = None
-    try:
-        runner.train()
-    except Exception as exc:  # noqa: BLE001 - returned to the test
-        error = exc
-    return runner, probe, error
+    return runner, probe, zoo.train_catching(runner, probe)
 
 
 @pytest.mark.parametrize('name', _names())

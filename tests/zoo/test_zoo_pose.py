@@ -56,16 +56,11 @@ def _train(cfg, probe, build=Runner.from_cfg):
     alike); the runner and what training raised, or ``None``."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    runner = build(cfg)
-    runner.register_hook(probe)
-    error = None
     try:
-        runner.train()
-    except Exception as exc:  # noqa: BLE001 - returned to the test
-        error = exc
+        runner = build(cfg)
+        return runner, zoo.train_catching(runner, probe)
     finally:
         torch.set_num_threads(before)
-    return runner, error
 
 
 def _nodata(cfg, bad):
